@@ -493,6 +493,14 @@ static json_t *echo_of(json_t *b, const struct fe_api_request *r, int stored) {
   json_object_set_new(e, "user", json_is_string(user) ? json_copy(user) : json_null());
   json_object_set_new(e, "background", json_false());
   json_object_set_new(e, "service_tier", json_string("default"));
+  /* echoed as given, and nothing to do here: max_tool_calls counts calls to hosted
+   * tools, which are not served; prompt_cache_key and safety_identifier are hints for
+   * OpenAI's own routing */
+  static const char *const as_given[] = {"max_tool_calls", "prompt_cache_key", "safety_identifier"};
+  for (size_t i = 0; i < sizeof(as_given) / sizeof(as_given[0]); i++) {
+    json_t *v = json_object_get(b, as_given[i]);
+    json_object_set_new(e, as_given[i], v ? json_deep_copy(v) : json_null());
+  }
   return e;
 }
 

@@ -56,9 +56,23 @@ static char *png_header_url(uint32_t w, uint32_t h) {
   static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
   memcpy(b, sig, 8);
   n = 8;
-  uint8_t ihdr[17] = {'I', 'H', 'D', 'R', (uint8_t)(w >> 24), (uint8_t)(w >> 16), (uint8_t)(w >> 8),
-                      (uint8_t)w, (uint8_t)(h >> 24), (uint8_t)(h >> 16), (uint8_t)(h >> 8),
-                      (uint8_t)h, 8, 2, 0, 0, 0};
+  uint8_t ihdr[17] = {'I',
+                      'H',
+                      'D',
+                      'R',
+                      (uint8_t)(w >> 24),
+                      (uint8_t)(w >> 16),
+                      (uint8_t)(w >> 8),
+                      (uint8_t)w,
+                      (uint8_t)(h >> 24),
+                      (uint8_t)(h >> 16),
+                      (uint8_t)(h >> 8),
+                      (uint8_t)h,
+                      8,
+                      2,
+                      0,
+                      0,
+                      0};
   b[n++] = 0, b[n++] = 0, b[n++] = 0, b[n++] = 13;
   memcpy(b + n, ihdr, 17);
   n += 17;
@@ -79,8 +93,8 @@ static char *chat_body(const char *before, const char *const urls[], int n_urls,
   json_t *parts = json_array();
   json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", before));
   for (int i = 0; i < n_urls; i++)
-    json_array_append_new(parts, json_pack("{s:s, s:{s:s}}", "type", "image_url", "image_url",
-                                           "url", urls[i]));
+    json_array_append_new(
+        parts, json_pack("{s:s, s:{s:s}}", "type", "image_url", "image_url", "url", urls[i]));
   if (after) json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", after));
   json_t *b = json_pack("{s:[{s:s, s:o}], s:i, s:f, s:b}", "messages", "role", "user", "content",
                         parts, "max_tokens", 8, "temperature", 0.0, "ignore_eos", 1);
@@ -135,8 +149,8 @@ static void cut_vocab(struct as_server *s) {
 /* ---- the test ------------------------------------------------------------------ */
 
 #define LONG_TEXT                                                                                  \
-  "Here is a long preamble so that several whole KV blocks come before the picture: the "       \
-  "quick brown fox jumps over the lazy dog, again and again, while the river runs to the sea "  \
+  "Here is a long preamble so that several whole KV blocks come before the picture: the "          \
+  "quick brown fox jumps over the lazy dog, again and again, while the river runs to the sea "     \
   "and the clocks strike the hours one after another. Look at this:"
 
 TH_TEST(images_through_the_api) {
@@ -168,6 +182,29 @@ TH_TEST(images_through_the_api) {
   TH_CHECK_EQ_STR(ta2, tb2);
   TH_CHECK_EQ_INT(pa1, pb1);
   TH_CHECK_EQ_INT(pa2, pb2);
+
+  /* the Responses API's input_image parts: the chat answer's text and prompt */
+  {
+    json_t *rb = json_pack(
+        "{s:[{s:s, s:[{s:s, s:s}, {s:s, s:s, s:s}, {s:s, s:s}]}], s:i, s:f, s:b}", "input", "role",
+        "user", "content", "type", "input_text", "text", LONG_TEXT, "type", "input_image",
+        "image_url", u0, "detail", "auto", "type", "input_text", "text", "What is in it?",
+        "max_output_tokens", 8, "temperature", 0.0, "ignore_eos", 1);
+    char *body = json_dumps(rb, JSON_COMPACT);
+    json_decref(rb);
+    TH_REQUIRE(body != NULL);
+    struct as_resp r;
+    as_post(&a, "/v1/responses", body, &r);
+    free(body);
+    TH_REQUIRE(r.status == 200);
+    json_t *j = as_json(&r);
+    json_t *item = json_array_get(json_object_get(j, "output"), 0);
+    json_t *part = json_array_get(json_object_get(item, "content"), 0);
+    TH_CHECK_EQ_STR(json_string_value(json_object_get(part, "text")), ta1);
+    TH_CHECK_EQ_INT(as_jint(j, "usage", "input_tokens"), pa1);
+    json_decref(j);
+    as_resp_free(&r);
+  }
 
   /* C: the same checkpoint as a GGUF file, the tower in llama.cpp's mmproj
      file named by --mmproj (f16 matrices: the bf16 weights' own values); D:
@@ -211,8 +248,8 @@ TH_TEST(images_through_the_api) {
   {
     char *t1 = chat_body("Write a poem about the sea and its many moods.", NULL, 0, NULL);
     char *t2 = chat_body("List the planets.", NULL, 0, NULL);
-    const char *paths[4] = {"/v1/chat/completions", "/v1/chat/completions",
-                            "/v1/chat/completions", "/v1/chat/completions"};
+    const char *paths[4] = {"/v1/chat/completions", "/v1/chat/completions", "/v1/chat/completions",
+                            "/v1/chat/completions"};
     const char *bodies[4] = {t1, two, t2, one};
     struct as_resp r[4];
     TH_CHECK_EQ_INT(as_post_many(&b, 4, paths, bodies, r), 4);
@@ -243,7 +280,7 @@ TH_TEST(images_through_the_api) {
     chat(&a, other, ta3, sizeof(ta3), NULL);
     double h2 = as_metric_wait_min(&a, hits, h1 + 16, 5000);
     TH_CHECK(h2 - h1 >= 16);
-    TH_CHECK(h2 - h1 <= first_soft); /* nothing at or after the image's first token */
+    TH_CHECK(h2 - h1 <= first_soft);         /* nothing at or after the image's first token */
     chat(&b, other, tb3, sizeof(tb3), NULL); /* B has never seen it: a miss */
     TH_CHECK_EQ_STR(ta3, tb3);
     /* and the image is read: another picture behind the same words answers otherwise
