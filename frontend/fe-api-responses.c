@@ -335,6 +335,13 @@ static int refused(struct fe_api_error *err, json_t *b) {
                 "'conversation' is not supported: conversations are not stored here");
   if (json_is_true(json_object_get(b, "background")))
     return fail(err, "background", "'background' is not supported: responses are not stored here");
+  json_t *mtc = json_object_get(b, "max_tool_calls");
+  if (given(b, "max_tool_calls") && (!json_is_integer(mtc) || json_integer_value(mtc) < 0))
+    return fail(err, "max_tool_calls", "'max_tool_calls' must be an integer >= 0");
+  static const char *const hints[] = {"prompt_cache_key", "safety_identifier"};
+  for (size_t i = 0; i < sizeof(hints) / sizeof(hints[0]); i++)
+    if (given(b, hints[i]) && !json_is_string(json_object_get(b, hints[i])))
+      return fail(err, hints[i], "'%s' must be a string", hints[i]);
   if (given(b, "prompt"))
     return fail(err, "prompt", "'prompt' (a stored prompt template) is not supported");
   json_t *inc = json_object_get(b, "include");

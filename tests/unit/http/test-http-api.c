@@ -898,6 +898,8 @@ TH_TEST(api_responses_items) {
       {"{\"input\":\"a\",\"truncation\":1}", "truncation"},
       {"{\"input\":\"a\",\"reasoning\":{\"effort\":\"max\"}}", "reasoning.effort"},
       {"{\"input\":\"a\",\"model\":\"other\"}", "model"},
+      {"{\"input\":\"a\",\"max_tool_calls\":-1}", "max_tool_calls"},
+      {"{\"input\":\"a\",\"prompt_cache_key\":1}", "prompt_cache_key"},
       {"[1]", ""},
       {"{\"input\":", ""},
   };
