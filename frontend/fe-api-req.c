@@ -1592,7 +1592,8 @@ void fe_api_tool_answer(const char *text, size_t len, char **calls, char **conte
 /* chat_template_kwargs (an object: its entries become the chat template's
  * variables, as vLLM passes them) over the server's defaults; documents (a list
  * of objects, for templates that take retrieved documents) as the variable
- * documents, as Hugging Face's apply_chat_template passes them. */
+ * documents, as Hugging Face's apply_chat_template passes them; reasoning_effort
+ * as enable_thinking. */
 static int parse_template_kwargs(struct pctx *p, json_t *body, const struct fe_api_config *cfg) {
   struct fe_api_request *r = p->r;
   json_t *v = json_object_get(body, "chat_template_kwargs");
@@ -1626,6 +1627,24 @@ static int parse_template_kwargs(struct pctx *p, json_t *body, const struct fe_a
       json_decref(kw);
       return nomem(p);
     }
+  }
+  /* reasoning_effort (OpenAI's): low, medium or high turns thinking on, none and minimal
+   * off (the template's enable_thinking), unless the request's own chat_template_kwargs
+   * names enable_thinking */
+  json_t *eff = json_object_get(body, "reasoning_effort");
+  const char *es = json_string_value(eff);
+  if (eff && !json_is_null(eff)) {
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high"};
+    size_t k = 0;
+    while (es && k < 5 && strcmp(es, efforts[k]))
+      k++;
+    if (k == 5 || !es) {
+      json_decref(kw);
+      return fail(p, 400, "reasoning_effort",
+                  "'reasoning_effort' must be none, minimal, low, medium or high");
+    }
+    if (!json_object_get(v, "enable_thinking"))
+      json_object_set_new(kw, "enable_thinking", json_boolean(k >= 2));
   }
   json_t *th = json_object_get(kw, "enable_thinking");
   if (th && !json_is_null(th) && !json_is_boolean(th)) {

@@ -442,25 +442,12 @@ static int to_chat(struct rctx *c, json_t *b, json_t **out) {
     return fail(c->err, "truncation", "'truncation' must be auto or disabled");
   if (tr && !strcmp(tr, "auto")) /* the prompt's last max_model_len tokens */
     json_object_set_new(req, "truncate_prompt_tokens", json_integer(-1));
-  /* reasoning.effort low, medium or high turns Gemma 4's thinking on (the chat
-   * template's enable_thinking, unless chat_template_kwargs says otherwise) */
+  /* reasoning.effort: chat's reasoning_effort (thinking on for low, medium, high) */
   json_t *rs = json_object_get(b, "reasoning");
   if (rs && !json_is_null(rs) && !json_is_object(rs))
     return fail(c->err, "reasoning", "'reasoning' must be an object");
   json_t *eff = json_object_get(rs, "effort");
-  const char *es = json_string_value(eff);
-  if (eff && !json_is_null(eff) &&
-      (!es || (strcmp(es, "none") && strcmp(es, "minimal") && strcmp(es, "low") &&
-               strcmp(es, "medium") && strcmp(es, "high"))))
-    return fail(c->err, "reasoning.effort",
-                "'reasoning.effort' must be none, minimal, low, medium or high");
-  if (es && (!strcmp(es, "low") || !strcmp(es, "medium") || !strcmp(es, "high"))) {
-    json_t *kw = json_object_get(req, "chat_template_kwargs");
-    if (!kw || json_is_null(kw))
-      json_object_set_new(req, "chat_template_kwargs", kw = json_object());
-    if (json_is_object(kw) && !json_object_get(kw, "enable_thinking"))
-      json_object_set_new(kw, "enable_thinking", json_true());
-  }
+  if (eff) json_object_set(req, "reasoning_effort", eff);
   return 0;
 }
 
@@ -533,6 +520,8 @@ static void rename_param(char *param, size_t cap, char *const *origin, size_t n)
              strstr(param, "].function.") + 11);
   else if (!strcmp(param, "logprobs"))
     snprintf(out, sizeof(out), "include");
+  else if (!strcmp(param, "reasoning_effort"))
+    snprintf(out, sizeof(out), "reasoning.effort");
   else
     return;
   snprintf(param, cap, "%s", out);

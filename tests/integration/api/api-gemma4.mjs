@@ -91,6 +91,14 @@ test('chat_template_kwargs.enable_thinking reaches the template', async () => {
   assert.notEqual(on.body.tokens.at(-1), close);
   const off = await post('/tokenize', { model, messages: user, chat_template_kwargs: { enable_thinking: false } });
   assert.ok(!off.body.tokens.includes(think));
+  // OpenAI's reasoning_effort says the same; the request's own kwargs win over it
+  const high = await post('/tokenize', { model, messages: user, reasoning_effort: 'high' });
+  assert.deepEqual(high.body.tokens, on.body.tokens);
+  const none = await post('/tokenize', { model, messages: user, reasoning_effort: 'none' });
+  assert.deepEqual(none.body.tokens, off.body.tokens);
+  const both = await post('/tokenize', { model, messages: user, reasoning_effort: 'high',
+                                         chat_template_kwargs: { enable_thinking: false } });
+  assert.deepEqual(both.body.tokens, off.body.tokens);
   assert.equal(off.body.tokens.at(-1), close); // an empty thought after the generation prompt
   assert.ok(off.body.tokens.includes(open));
 });
@@ -100,6 +108,7 @@ test('bad chat_template_kwargs and tool history are 400s naming the field', asyn
     [{ chat_template_kwargs: [1] }, 'chat_template_kwargs'],
     [{ chat_template_kwargs: 'x' }, 'chat_template_kwargs'],
     [{ chat_template_kwargs: { enable_thinking: 'yes' } }, 'chat_template_kwargs.enable_thinking'],
+    [{ reasoning_effort: 'max' }, 'reasoning_effort'],
     [{ messages: [...user, { role: 'tool', tool_call_id: 'nope', content: 'x' }] }, 'messages[1].tool_call_id'],
     [{ tools, tool_choice: { type: 'function', function: { name: 'nope' } } }, 'tool_choice.function.name'],
   ]) {

@@ -480,8 +480,8 @@ TH_TEST(api_model_aliases) {
                           "{\"prompt\":\"x\",\"model\":\"a\"}"};
   const char *want[] = {"c", "a", "a"};
   for (int i = 0; i < 3; i++) {
-    TH_REQUIRE(fe_api_parse_request(FE_API_COMPLETION, bodies[i], strlen(bodies[i]), &acfg, &r,
-                                    &e) == 0);
+    TH_REQUIRE(
+        fe_api_parse_request(FE_API_COMPLETION, bodies[i], strlen(bodies[i]), &acfg, &r, &e) == 0);
     TH_CHECK_EQ_STR(r.model, want[i]);
     fe_api_request_free(&r);
   }
@@ -765,13 +765,12 @@ TH_TEST(api_tool_answer_scanned_as_it_streams) {
 }
 
 TH_TEST(api_chat_images) {
-  const char *b =
-      "{\"messages\":[{\"role\":\"user\",\"content\":\"hello\"},"
-      "{\"role\":\"assistant\",\"content\":\"hi\"},"
-      "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"look \"},"
-      "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AAAA\","
-      "\"detail\":\"low\"}},{\"type\":\"text\",\"text\":\"and\"},"
-      "{\"type\":\"image_url\",\"image_url\":\"file:///x.png\"}]}]}";
+  const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"hello\"},"
+                  "{\"role\":\"assistant\",\"content\":\"hi\"},"
+                  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"look \"},"
+                  "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AAAA\","
+                  "\"detail\":\"low\"}},{\"type\":\"text\",\"text\":\"and\"},"
+                  "{\"type\":\"image_url\",\"image_url\":\"file:///x.png\"}]}]}";
   struct fe_api_request r;
   parse_ok(FE_API_CHAT, b, &r);
   TH_REQUIRE(r.n_images == 2);
@@ -927,4 +926,43 @@ TH_TEST(api_responses_items) {
   TH_CHECK(r.grammar_kind == GR_JSON_SCHEMA && !strcmp(r.grammar_param, "text.format.schema"));
   TH_CHECK(r.checks && !strcmp(r.checks->param, "text.format.schema"));
   fe_api_request_free(&r);
+}
+
+/* OpenAI's reasoning_effort as the template's enable_thinking; the request's own
+ * chat_template_kwargs win over it, it wins over the server's defaults. */
+TH_TEST(api_reasoning_effort) {
+  static const struct {
+    const char *extra;
+    int thinking;
+  } cases[] = {
+      {"\"reasoning_effort\":\"high\"", 1},
+      {"\"reasoning_effort\":\"low\"", 1},
+      {"\"reasoning_effort\":\"minimal\"", 0},
+      {"\"reasoning_effort\":null", 1}, /* the server's default below */
+      {"\"reasoning_effort\":\"none\"", 0},
+      {"\"reasoning_effort\":\"high\",\"chat_template_kwargs\":{\"enable_thinking\":false}", 0},
+  };
+  struct fe_api_config dcfg = cfg;
+  dcfg.default_template_kwargs = "{\"enable_thinking\":true}";
+  for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
+    char body[256];
+    snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],%s}",
+             cases[i].extra);
+    struct fe_api_request r;
+    struct fe_api_error e;
+    int rc = fe_api_parse_request(FE_API_CHAT, body, strlen(body), &dcfg, &r, &e);
+    if (rc) th_fail(__FILE__, __LINE__, "%s: %s", body, e.message);
+    TH_REQUIRE(rc == 0);
+    if (r.thinking != cases[i].thinking)
+      th_fail(__FILE__, __LINE__, "%s: thinking %d", body, r.thinking);
+    fe_api_request_free(&r);
+  }
+  const char *nope = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"reasoning_effort\":1}";
+  struct fe_api_request r;
+  struct fe_api_error e;
+  TH_CHECK(fe_api_parse_request(FE_API_CHAT, nope, strlen(nope), &cfg, &r, &e) != 0);
+  TH_CHECK_EQ_STR(e.param, "reasoning_effort");
+  const char *rb = "{\"input\":\"a\",\"reasoning\":{\"effort\":7}}";
+  TH_CHECK(fe_api_parse_responses(rb, strlen(rb), &cfg, &r, &e) != 0);
+  TH_CHECK_EQ_STR(e.param, "reasoning.effort");
 }
