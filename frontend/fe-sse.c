@@ -37,14 +37,16 @@ int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api
   s->meta.created = created;
   s->meta.model = r->model;
   fe_buf_init(&s->buf, SSE_BUF_CAP);
+  if (r->responses) { /* the Responses API's events (set first: fe_sse_end frees them) */
+    s->responses = 1;
+    s->store = r->store;
+    s->conv = r->responses_conv;
+    s->input = r->responses_input;
+    fe_resp_stream_init(&s->resp, &s->meta, r->responses);
+  }
   int rc = fe_conn_stream_begin(c, 200, "text/event-stream",
                                 "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
-  if (rc || !r->responses) return rc;
-  s->responses = 1;
-  s->store = r->store;
-  s->conv = r->responses_conv;
-  s->input = r->responses_input;
-  fe_resp_stream_init(&s->resp, &s->meta, r->responses);
+  if (rc || !s->responses) return rc;
   fe_resp_stream_begin(&s->resp, &s->buf);
   return s->buf.err ? s->buf.err : fe_conn_stream_write(c, s->buf.data, s->buf.len);
 }
