@@ -440,8 +440,7 @@ static int to_chat(struct rctx *c, json_t *b, json_t **out) {
   const char *tr = json_string_value(json_object_get(b, "truncation"));
   if (given(b, "truncation") && (!tr || (strcmp(tr, "auto") && strcmp(tr, "disabled"))))
     return fail(c->err, "truncation", "'truncation' must be auto or disabled");
-  if (tr && !strcmp(tr, "auto")) /* the prompt's last max_model_len tokens */
-    json_object_set_new(req, "truncate_prompt_tokens", json_integer(-1));
+
   /* reasoning.effort: chat's reasoning_effort (thinking on for low, medium, high) */
   json_t *rs = json_object_get(b, "reasoning");
   if (rs && !json_is_null(rs) && !json_is_object(rs))
@@ -571,6 +570,10 @@ int fe_api_parse_responses(const char *body, size_t len, const struct fe_api_con
     if (!rc) rename_param(out->grammar_param, sizeof(out->grammar_param), c.origin, n);
   }
   free(js);
+  if (!rc) { /* truncation "auto": the oldest turns go until the chat fits */
+    const char *tr = json_string_value(json_object_get(b, "truncation"));
+    out->truncate_turns = tr && !strcmp(tr, "auto");
+  }
   if (!rc) {
     json_t *e = echo_of(b, out, store != NULL);
     char *es = e ? json_dumps(e, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;

@@ -153,6 +153,9 @@ struct fe_api_request {
                                      message's text, which the model then continues */
   int32_t truncate_prompt_tokens; /* vLLM's: each prompt's last k tokens only (-1: the last
                                      max_model_len); 0: off */
+  int truncate_turns; /* the Responses API's truncation "auto": a chat too long for the context
+                         (with room for max_tokens, or one token) loses its fewest oldest turns
+                         that make it fit (fe-engine-req.c's job_truncate) */
   int add_special_tokens;         /* tokenize; default 1 (completions), 0 (chat) */
   int skip_special_tokens;        /* detokenization drops special tokens; default 1 */
   int include_stop_str_in_output; /* keep the matched stop string; default 0 */

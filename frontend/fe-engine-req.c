@@ -68,6 +68,7 @@ struct tok_job {
   int rc;                         /* 0, or the failure of the first prompt that failed */
   char err[320];                  /* the client's error when rc != 0 */
   int gone;                       /* the client left while the thread worked */
+  int64_t max_model_len;          /* tokens (0: unknown), for truncate_turns */
 };
 
 /* A message's parts as transformers hands them to a chat template:
@@ -182,14 +183,13 @@ static int own_template(struct tok_job *j, struct tk_chat **out) {
   return rc;
 }
 
-/* Tokenizes prompt `pi` of the job's request (chat: the rendered messages)
- * into job->ids[pi]. Runs on a pool thread. */
-static int job_prompt(struct tok_job *j, struct tk_state *st, size_t pi) {
+/* Tokenizes the job's chat (its rendered messages) into job->ids[0]. */
+static int job_chat(struct tok_job *j, struct tk_state *st) {
   const struct fe_api_request *req = j->req;
-  int32_t **ids = &j->ids[pi];
-  size_t *n = &j->n_ids[pi], *cap = &j->cap_ids[pi];
+  int32_t **ids = &j->ids[0];
+  size_t *n = &j->n_ids[0], *cap = &j->cap_ids[0];
   *n = 0;
-  if (req->kind == FE_API_CHAT || (req->kind == FE_API_TOKENIZE && req->n_messages)) {
+  {
     char *text = NULL;
     size_t len = 0;
     struct tk_chat *own = NULL; /* the request's own template (trusted by the gate) */
@@ -233,6 +233,88 @@ static int job_prompt(struct tok_job *j, struct tk_state *st, size_t pi) {
     if (rc == CM_ERR_INVAL)
       snprintf(j->err, sizeof(j->err), "the rendered chat is not valid UTF-8");
     return rc;
+  }
+}
+
+/* A user message that holds the JSON tool protocol's results (rewritten from
+ * tool messages): it belongs to the turn of the calls it answers. */
+static int results_turn(const struct fe_api_message *m) {
+  static const char a[] = "{\"tool_response\":", b[] = "[{\"tool_response\":";
+  return m->role == FE_API_ROLE_USER && !m->parts && m->content &&
+         (!strncmp(m->content, a, sizeof(a) - 1) || !strncmp(m->content, b, sizeof(b) - 1));
+}
+
+/* The Responses API's truncation "auto" (fe_api_request.truncate_turns): while
+ * the chat does not fit the context with room for max_tokens (or one token), its
+ * oldest turns go, a turn being a user message and what answers it, the system
+ * messages before the first kept. The fewest turns that make it fit go (a binary
+ * search: fewer dropped is longer), the last turn always stays, and no turn with
+ * an image or a clip goes (the media are decoded in order). A chat that still does
+ * not fit is refused by the length check, as without truncation. */
+/* The chat of all[0..n)'s first `lead` messages and those from `from` on, tokenized. */
+static int job_chat_from(struct tok_job *j, struct tk_state *st, const struct fe_api_message *all,
+                         size_t lead, size_t n, size_t from) {
+  struct fe_api_request *req = j->req;
+  memcpy(req->messages + lead, all + from, (n - from) * sizeof(*all));
+  req->n_messages = lead + (n - from);
+  return job_chat(j, st);
+}
+
+static int job_truncate(struct tok_job *j, struct tk_state *st) {
+  struct fe_api_request *req = j->req;
+  int64_t room = req->max_tokens > 0 ? req->max_tokens : 1;
+#define FITS() ((int64_t)j->n_ids[0] + room <= j->max_model_len)
+  if (!j->max_model_len || FITS()) return 0;
+  size_t n = req->n_messages, lead = 0, n_turns = 0, limit = SIZE_MAX;
+  while (lead < n && req->messages[lead].role == FE_API_ROLE_SYSTEM)
+    lead++;
+  size_t *start = malloc((n + 1) * sizeof(*start)); /* each turn's first message */
+  struct fe_api_message *all = cm_arena_alloc(&req->arena, n * sizeof(*all));
+  if (!start || !all) {
+    free(start);
+    return CM_ERR_NOMEM;
+  }
+  memcpy(all, req->messages, n * sizeof(*all));
+  for (size_t i = lead; i < n; i++) {
+    const struct fe_api_message *m = &all[i];
+    if (i == lead || (m->role == FE_API_ROLE_USER && !results_turn(m))) start[n_turns++] = i;
+    for (size_t k = 0; k < m->n_parts && limit == SIZE_MAX; k++)
+      if (m->parts[k].is_image || m->parts[k].is_audio) limit = n_turns - 1; /* its turn stays */
+  }
+  /* dropping d turns keeps the messages from start[d] on: dropping lo is too long, and
+   * hi is the fewest known to fit (the last turn stays; nor do media or what follows
+   * them go) */
+  size_t lo = 0, hi = n_turns ? n_turns - 1 : 0, at;
+  if (limit < hi) hi = limit;
+  int rc = hi ? job_chat_from(j, st, all, lead, n, start[hi]) : 0;
+  if (!rc && hi && FITS()) { /* (else nothing fits: the length check refuses it) */
+    at = hi;
+    while (!rc && hi - lo > 1) {
+      size_t mid = lo + (hi - lo) / 2;
+      rc = job_chat_from(j, st, all, lead, n, start[mid]);
+      at = mid;
+      if (FITS())
+        hi = mid;
+      else
+        lo = mid;
+    }
+    if (!rc && at != hi) rc = job_chat_from(j, st, all, lead, n, start[hi]);
+  }
+#undef FITS
+  free(start);
+  return rc;
+}
+
+/* Tokenizes prompt `pi` of the job's request (chat: the rendered messages)
+ * into job->ids[pi]. Runs on a pool thread. */
+static int job_prompt(struct tok_job *j, struct tk_state *st, size_t pi) {
+  const struct fe_api_request *req = j->req;
+  int32_t **ids = &j->ids[pi];
+  size_t *n = &j->n_ids[pi], *cap = &j->cap_ids[pi];
+  *n = 0;
+  if (req->kind == FE_API_CHAT || (req->kind == FE_API_TOKENIZE && req->n_messages)) {
+    int rc = job_chat(j, st);
+    return rc || !req->truncate_turns ? rc : job_truncate(j, st);
   }
   const struct fe_api_prompt *p = &req->prompts[pi];
   if (p->ids) { /* checked against the vocabulary before the job was queued */
@@ -631,6 +713,7 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
     return CM_ERR_NOMEM;
   }
   j->e = e;
+  j->max_model_len = fe_engine_max_model_len(e);
   j->c = c;
   j->tok = e->tok;
   j->chat = e->chat;

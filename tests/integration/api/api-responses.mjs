@@ -417,3 +417,37 @@ test('a stored response is read back, its input items listed page by page, and d
   await assert.rejects(client.responses.create({ model, input: 'x', previous_response_id: gone.id }),
                        (e) => e instanceof OpenAI.NotFoundError);
 });
+
+test('truncation auto drops the fewest oldest turns that make the conversation fit', async () => {
+  const maxLen = Number(process.env.LMSERVE_MAX_LEN);
+  assert.ok(maxLen > 0, 'LMSERVE_MAX_LEN');
+  const words = 'the quick brown fox jumps over the lazy dog and runs far away. '.repeat(8);
+  const turns = [];
+  for (let i = 0; i < 30; i++) turns.push({ role: 'user', content: `${i}: ${words}` }, { role: 'assistant', content: `ok ${i}` });
+  turns.push({ role: 'user', content: 'Last question?' });
+  const base = { model, instructions: 'Be brief.', input: turns, max_output_tokens: 16, temperature: 1, seed: 2 };
+  const long = await post('/v1/responses', base);
+  assert.equal(long.status, 400);
+  assert.equal(long.body.error.param, 'input');
+  const r = await client.responses.create({ ...base, truncation: 'auto' });
+  checkResponse(r);
+  assert.equal(r.truncation, 'auto');
+  assert.ok(r.usage.input_tokens + 16 <= maxLen, `${r.usage.input_tokens}`);
+  // the chat of the instructions and the newest turns: the first k dropped that fits
+  const kept = (k) => [{ role: 'system', content: 'Be brief.' }, ...turns.slice(2 * k)];
+  let k = 0, n = 0;
+  for (; k < 30; k++) {
+    const t = await post('/tokenize', { model, messages: kept(k) });
+    assert.equal(t.status, 200);
+    n = t.body.count;
+    if (n + 16 <= maxLen) break;
+  }
+  assert.ok(k > 0 && k < 30, `${k} turns dropped`);
+  assert.equal(r.usage.input_tokens, n);
+  const c = await chatOf(kept(k), { max_tokens: 16, temperature: 1, seed: 2 });
+  assert.equal(r.output_text, c.choices[0].message.content);
+  // a last turn too long alone is still refused
+  const huge = await post('/v1/responses', { model, input: words.repeat(40), truncation: 'auto', max_output_tokens: 4 });
+  assert.equal(huge.status, 400);
+  assert.equal(huge.body.error.param, 'input');
+});

@@ -918,7 +918,7 @@ TH_TEST(api_responses_items) {
   const char *s = "{\"input\":\"hi\",\"reasoning\":{\"effort\":\"high\"},\"truncation\":\"auto\"}";
   TH_REQUIRE(fe_api_parse_responses(s, strlen(s), &cfg, &r, &e) == 0);
   TH_CHECK(r.n_messages == 1 && r.messages[0].role == FE_API_ROLE_USER);
-  TH_CHECK(r.truncate_prompt_tokens == -1 && r.thinking == 1);
+  TH_CHECK(r.truncate_turns == 1 && r.truncate_prompt_tokens == 0 && r.thinking == 1);
   fe_api_request_free(&r);
   s = "{\"input\":\"hi\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
       "\"schema\":{\"type\":\"integer\"}}}}";
