@@ -253,3 +253,41 @@ test('bad tool requests are 400s naming the field', async () => {
   }), (e) => e instanceof OpenAI.BadRequestError &&
     e.param === 'messages[1].tool_calls[0].function');
 });
+
+// The Responses API's truncation auto with this protocol: tool results are a user turn
+// of the protocol's own, which belongs to the turn of its calls; the kept chat starts at
+// a user's message, never at a results turn.
+test('responses truncation auto keeps a call and its results together', async () => {
+  const maxLen = Number(process.env.LMSERVE_MAX_LEN);
+  assert.ok(maxLen > 0, 'LMSERVE_MAX_LEN');
+  const words = 'a long line of words about the weather in many cities of the world. '.repeat(6);
+  const input = [], chat = [];
+  for (let i = 0; i < 30; i++) {
+    const id = `call_${i}`, args = `{"a":${i},"b":1}`;
+    input.push({ role: 'user', content: `${i}: ${words}` },
+               { type: 'function_call', call_id: id, name: 'add', arguments: args },
+               { type: 'function_call_output', call_id: id, output: `${i + 1}` },
+               { role: 'assistant', content: `It is ${i + 1}.` });
+    chat.push({ role: 'user', content: `${i}: ${words}` },
+              { role: 'assistant', content: null, tool_calls: [{ id, type: 'function', function: { name: 'add', arguments: args } }] },
+              { role: 'tool', tool_call_id: id, content: `${i + 1}` },
+              { role: 'assistant', content: `It is ${i + 1}.` });
+  }
+  input.push({ role: 'user', content: 'And now?' });
+  chat.push({ role: 'user', content: 'And now?' });
+  const rtools = tools.map((t) => ({ type: 'function', ...t.function }));
+  const r = await client.responses.create({ model, input, tools: rtools, truncation: 'auto',
+                                            max_output_tokens: 8, temperature: 1, seed: 1 });
+  assert.ok(r.usage.input_tokens + 8 <= maxLen, `${r.usage.input_tokens}`);
+  // the fewest whole turns dropped that fit: k turns of four messages
+  let k = 0, n = 0;
+  for (; k < 30; k++) { // (a chat too long is a 400)
+    const t = await client.chat.completions.create({ model, messages: chat.slice(4 * k), tools, max_tokens: 8 })
+      .catch((e) => { assert.ok(e instanceof OpenAI.BadRequestError, `${e}`); return null; });
+    if (!t) continue;
+    n = t.usage.prompt_tokens;
+    break;
+  }
+  assert.ok(k > 0 && k < 30, `${k}`);
+  assert.equal(r.usage.input_tokens, n);
+});
