@@ -4,6 +4,7 @@
 #include "frontend/fe-responses.h"
 
 #include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
@@ -341,9 +342,18 @@ int fe_resp_stream_end(struct fe_resp_stream *s, struct fe_buf *out, const char 
   const char *type = inc ? "response.incomplete" : "response.completed";
   json_t *r = response_obj(&s->meta, s->echo, inc ? "incomplete" : "completed", finish_reason,
                            json_deep_copy(s->items), u);
-  if (whole) *whole = r ? json_dumps(r, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  char *d = r ? json_dumps(r, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL; /* once, for both */
+  json_decref(r);
   ev_begin(s, out, type);
-  field_json(out, "response", r);
+  fe_buf_puts(out, ",\"response\":");
+  if (d)
+    fe_buf_puts(out, d);
+  else
+    out->err = CM_ERR_NOMEM;
+  if (whole)
+    *whole = d;
+  else
+    free(d);
   return ev_end(out);
 }
 

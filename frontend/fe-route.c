@@ -273,11 +273,11 @@ static const char *query_value(const struct fe_http_request *q, const char *name
   return NULL;
 }
 
-/* /v1/responses/{id}[/rest]: the stored id (into id, NUL-terminated), and *rest
- * (what follows its '/' as a NUL-terminated copy, "" for none). NULL (a 404 sent): no
- * such response is stored. */
-static const char *response_id(struct fe_router *r, struct fe_conn *c, char *id, size_t cap,
-                               char *rest, size_t rest_cap) {
+/* /v1/responses/{id}[/rest]: the stored entry, its id (into id, NUL-terminated) and
+ * *rest (what follows its '/' as a NUL-terminated copy, "" for none). NULL (a 404
+ * sent): no such response is stored. */
+static const struct fe_rstore_entry *response_id(struct fe_router *r, struct fe_conn *c, char *id,
+                                                 size_t cap, char *rest, size_t rest_cap) {
   static const char pre[] = "/v1/responses/";
   const char *p = r->cur->path + sizeof(pre) - 1, *end = r->cur->path + r->cur->path_len;
   const char *slash = memchr(p, '/', (size_t)(end - p));
@@ -296,7 +296,7 @@ static const char *response_id(struct fe_router *r, struct fe_conn *c, char *id,
   }
   memcpy(id, p, n);
   id[n] = 0;
-  return id;
+  return e;
 }
 
 /* GET /v1/responses/{id}: the stored response; .../input_items: its input items, a
@@ -304,8 +304,8 @@ static const char *response_id(struct fe_router *r, struct fe_conn *c, char *id,
 static void on_response_get(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
   char id[128], v[128];
   char rest[32];
-  if (!response_id(r, c, id, sizeof(id), rest, sizeof(rest))) return;
-  const struct fe_rstore_entry *e = fe_rstore_get(r->store, id, strlen(id));
+  const struct fe_rstore_entry *e = response_id(r, c, id, sizeof(id), rest, sizeof(rest));
+  if (!e) return;
   if (!*rest) {
     if (query_value(r->cur, "stream", v, sizeof(v)) && !strcmp(v, "true")) {
       reply_error(r, c, 400, "a stored response is not streamed again; ask without stream=true",
