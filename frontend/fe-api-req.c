@@ -928,6 +928,12 @@ static int parse_model(struct pctx *p, json_t *body, const struct fe_api_config 
   p->r->model = !strcmp(want, cfg->model_name) ? cfg->model_name : NULL;
   for (int i = 0; !p->r->model && i < cfg->n_aliases; i++)
     if (!strcmp(want, cfg->aliases[i])) p->r->model = cfg->aliases[i];
+  for (int i = 0; !p->r->model && i < cfg->n_loras; i++)
+    if (!strcmp(want, cfg->loras[i])) {
+      p->r->model = cfg->loras[i];
+      p->r->lora = i + 1;
+      p->r->lora_sum = cfg->lora_sum;
+    }
   if (!p->r->model) return fail(p, 404, "model", "The model `%.200s` does not exist.", want);
   return 0;
 }

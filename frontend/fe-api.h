@@ -142,6 +142,8 @@ struct fe_api_request {
   int return_token_ids; /* return_token_ids (vLLM's): the prompt's and the answer's token ids */
   uint64_t cache_salt; /* vLLM's cache_salt, hashed (0: none): the prefix cache is shared only
                           among requests with the same salt */
+  int lora;            /* the LoRA adapter "model" named: 1 .. fe_api_config.n_loras, 0 = none */
+  uint64_t lora_sum;   /* with lora: the adapter list's md_lora_list_sum, for the scheduler */
   int echo;          /* completions: each choice's text after its prompt's; chat: after the last
                         message's content when that is the assistant's (vLLM's echo) */
   int stream;
@@ -255,6 +257,11 @@ struct fe_api_config {
    * naming one gets it back as its answer's "model" */
   const char *const *aliases;
   int n_aliases;
+  /* the LoRA adapters served as models of their own (--lora-modules), in order: a
+   * request naming loras[i] runs with adapter i + 1; lora_sum is the list's sum */
+  const char *const *loras;
+  int n_loras;
+  uint64_t lora_sum;
   /* the Responses API's store (fe-rstore.h; NULL: off), for previous_response_id and
    * the answers it keeps */
   struct fe_rstore *store;

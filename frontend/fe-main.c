@@ -27,6 +27,7 @@
 #include "frontend/fe-server.h"
 #include "frontend/fe-tls.h"
 #include "model/md-config.h"
+#include "model/md-lora-list.h"
 #include "tokenizer/tk-chat.h"
 
 #define TAG "fe"
@@ -124,7 +125,9 @@ void fe_main_sampling_text(const struct md_sampling *s, char *out, size_t size) 
 
 int fe_frontend_main(int argc, char **argv) {
   const char *host = "127.0.0.1", *api_key = NULL, *model = NULL;
-  static struct cm_strs schedulers, names; /* values live as long as the process */
+  static struct cm_strs schedulers, names, lora_args; /* values live as long as the process */
+  static struct md_lora_module loras[CM_STRS_MAX];
+  static const char *lora_names[CM_STRS_MAX], *lora_paths[CM_STRS_MAX];
   const char *model_dir = NULL, *tok_dir = NULL, *mmproj = NULL;
   struct fe_engine *engine = NULL;
   int64_t port = 8000, max_model_len = 8192, max_headers = 100, max_conns = 4096;
@@ -145,6 +148,7 @@ int fe_frontend_main(int argc, char **argv) {
       {"api-key", CM_OPT_STR, &api_key, "KEY",
        "require Authorization: Bearer KEY (also LMSERVE_API_KEY)"},
       {"served-model-name", CM_OPT_STRS, &names, "NAME", FE_MAIN_SERVED_NAME_HELP},
+      {"lora-modules", CM_OPT_STRS, &lora_args, "NAME=PATH", MD_LORA_MODULES_HELP},
       {"ssl-keyfile", CM_OPT_STR, &ssl_key, "FILE",
        "PEM private key: serve HTTPS (with --ssl-certfile)"},
       {"ssl-certfile", CM_OPT_STR, &ssl_cert, "FILE",
@@ -212,6 +216,24 @@ int fe_frontend_main(int argc, char **argv) {
       return 2;
     }
   model = names.n ? names.v[0] : model_dir && *model_dir ? model_dir : "default";
+  char lwhy[256];
+  int n_loras = md_lora_modules(&lora_args, loras, lwhy, sizeof(lwhy));
+  if (n_loras < 0) {
+    fprintf(stderr, "lmserve frontend: %s\n", lwhy);
+    return 2;
+  }
+  for (int i = 0; i < n_loras; i++) {
+    lora_names[i] = loras[i].name;
+    lora_paths[i] = loras[i].path;
+    int clash = !strcmp(loras[i].name, model);
+    for (int j = 0; j < names.n; j++)
+      clash |= !strcmp(loras[i].name, names.v[j]);
+    if (clash) {
+      fprintf(stderr, "lmserve frontend: --lora-modules: %s is the served model's name\n",
+              loras[i].name);
+      return 2;
+    }
+  }
   if (max_header_bytes < 256 || max_body > (1ull << 34)) {
     fprintf(stderr,
             "lmserve frontend: --max-header-size must be >= 256 and --max-body-size <= 16G\n");
@@ -291,6 +313,10 @@ int fe_frontend_main(int argc, char **argv) {
                                  (const char *const *)names.v + (names.n > 0),
                                  names.n > 1 ? names.n - 1 : 0};
   rcfg.responses_store = store_size;
+  rcfg.lora_names = lora_names;
+  rcfg.lora_paths = lora_paths;
+  rcfg.n_loras = n_loras;
+  rcfg.lora_sum = md_lora_list_sum(loras, n_loras);
   char rwhy[256] = "";
   if ((rc = fe_router_create(&rcfg, &app.router, rwhy, sizeof(rwhy))) != 0) {
     fprintf(stderr, "lmserve frontend: %s\n", rwhy[0] ? rwhy : cm_strerror(rc));

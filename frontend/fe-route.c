@@ -75,15 +75,22 @@ static int64_t max_model_len(struct fe_router *r) {
   return n > 0 ? n : r->cfg.max_model_len;
 }
 
-/* One model object of /v1/models (vLLM's fields): id, served under r's name. */
-static void model_object(struct fe_router *r, struct fe_buf *b, const char *id) {
+/* One model object of /v1/models (vLLM's fields): id, served under r's name, or LoRA
+ * adapter `lora` (1-based) of it, whose root is its path and parent the model. */
+static void model_object(struct fe_router *r, struct fe_buf *b, const char *id, int lora) {
+  const char *root = lora ? r->cfg.lora_paths[lora - 1] : r->model_name;
   fe_buf_puts(b, "{\"id\":");
   fe_buf_json_str(b, id, strlen(id));
   fe_buf_puts(b, ",\"object\":\"model\",\"created\":");
   fe_buf_i64(b, r->created);
   fe_buf_puts(b, ",\"owned_by\":\"lmserve\",\"root\":");
-  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
-  fe_buf_puts(b, ",\"parent\":null,\"max_model_len\":");
+  fe_buf_json_str(b, root, strlen(root));
+  fe_buf_puts(b, ",\"parent\":");
+  if (lora)
+    fe_buf_json_str(b, r->model_name, strlen(r->model_name));
+  else
+    fe_buf_puts(b, "null");
+  fe_buf_puts(b, ",\"max_model_len\":");
   fe_buf_i64(b, max_model_len(r));
   fe_buf_puts(b, ",\"permission\":[]}");
 }
@@ -101,7 +108,11 @@ static void on_models(struct fe_router *r, struct fe_conn *c, const char *body, 
   fe_buf_puts(b, "{\"object\":\"list\",\"data\":[");
   for (int i = -1; i < r->cfg.n_aliases; i++) { /* the name, then its aliases */
     if (i >= 0) fe_buf_puts(b, ",");
-    model_object(r, b, i < 0 ? r->model_name : r->cfg.aliases[i]);
+    model_object(r, b, i < 0 ? r->model_name : r->cfg.aliases[i], 0);
+  }
+  for (int i = 0; i < r->cfg.n_loras; i++) { /* then the adapters */
+    fe_buf_puts(b, ",");
+    model_object(r, b, r->cfg.lora_names[i], i + 1);
   }
   fe_buf_puts(b, "]}");
   reply_json(r, c, b);
@@ -129,6 +140,9 @@ static void on_model(struct fe_router *r, struct fe_conn *c, const char *body, s
   int served = whole && !strcmp(id, r->model_name);
   for (int i = 0; !served && whole && i < r->cfg.n_aliases; i++)
     served = !strcmp(id, r->cfg.aliases[i]);
+  int lora = 0;
+  for (int i = 0; !served && whole && i < r->cfg.n_loras; i++)
+    if (!strcmp(id, r->cfg.lora_names[i])) served = 1, lora = i + 1;
   if (!served) {
     char msg[160];
     snprintf(msg, sizeof(msg), "The model '%.100s' does not exist.", id);
@@ -137,7 +151,7 @@ static void on_model(struct fe_router *r, struct fe_conn *c, const char *body, s
   }
   struct fe_buf *b = &r->scratch;
   fe_buf_reset(b);
-  model_object(r, b, id);
+  model_object(r, b, id, lora);
   reply_json(r, c, b);
 }
 
@@ -160,6 +174,9 @@ static struct fe_api_config api_config(struct fe_router *r) {
                                r->cfg.defaults,
                                r->cfg.aliases,
                                r->cfg.n_aliases,
+                               r->cfg.lora_names,
+                               r->cfg.n_loras,
+                               r->cfg.lora_sum,
                                r->store};
   return acfg;
 }

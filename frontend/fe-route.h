@@ -59,6 +59,12 @@ struct fe_route_config {
    * router */
   const char *const *aliases;
   int n_aliases;
+  /* the LoRA adapters (--lora-modules), listed as models whose parent is the served
+   * model, which outlive the router: names, paths, and the list's md_lora_list_sum */
+  const char *const *lora_names;
+  const char *const *lora_paths;
+  int n_loras;
+  uint64_t lora_sum;
   uint64_t responses_store; /* bytes for the Responses API's store (fe-rstore.h); 0: none */
 };
 

@@ -227,7 +227,7 @@ done:
 }
 
 static int st_finish(struct md_st *st, char *err, size_t errlen) {
-  qsort(st->t, (size_t)st->n, sizeof(*st->t), cmp_tensor);
+  if (st->n > 1) qsort(st->t, (size_t)st->n, sizeof(*st->t), cmp_tensor); /* (NULL, 0): undefined */
   for (int i = 1; i < st->n; i++)
     if (!strcmp(st->t[i].name, st->t[i - 1].name))
       return cm_fail(err, errlen, CM_ERR_INVAL, "tensor %s appears in both %s and %s",

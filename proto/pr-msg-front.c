@@ -42,6 +42,8 @@ static const struct pr_field sampling_fields[] = {
                             PR_WHEN(PR_IF_NONZERO, sampling, bad_lens.n)},
     [PR_K_SAMP_PROMPT_LOGPROBS] = {PR_INT(sampling, prompt_logprobs, -1, PR_MAX_TOP_LOGPROBS),
                                    .def = -1},
+    [PR_K_SAMP_LORA] = {PR_UINT(sampling, lora, PR_MAX_LORAS),
+                        PR_WHEN(PR_IF_NONZERO, sampling, lora)},
 };
 
 /* a grammar's text only with a kind (JSON mode has none); a bias per biased id;
@@ -138,6 +140,7 @@ static const struct pr_field add_fields[] = {
     [PR_K_ADD_IMAGES] = {PR_ARRAY(add, images, n_images, PR_MAX_IMAGES, PR_ELEM_REC(pr_rec_image)),
                          PR_WHEN(PR_IF_NONZERO, add, n_images)},
     [PR_K_ADD_CACHE_SALT] = {PR_U(add, cache_salt), PR_WHEN(PR_IF_NONZERO, add, cache_salt)},
+    [PR_K_ADD_LORA_SUM] = {PR_U(add, lora_sum), PR_WHEN(PR_IF_NONZERO, add, lora_sum)},
 };
 
 static int check_add(const void *rec) {

@@ -112,6 +112,9 @@ static const struct pr_field ready_fields[] = {
                                  PR_WHEN(PR_IF_NONZERO, ready, audio_tokens)},
     [PR_K_READY_AUDIO_BYTES] = {PR_U(ready, audio_bytes),
                                 PR_WHEN(PR_IF_NONZERO, ready, audio_bytes)},
+    [PR_K_READY_N_LORA] = {PR_UINT(ready, n_lora, PR_MAX_LORAS),
+                           PR_WHEN(PR_IF_NONZERO, ready, n_lora)},
+    [PR_K_READY_LORA_SUM] = {PR_U(ready, lora_sum), PR_WHEN(PR_IF_NONZERO, ready, lora_sum)},
 };
 
 static int check_ready(const void *rec) {

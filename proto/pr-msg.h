@@ -142,6 +142,9 @@ struct pr_sampling {
    * PR_MAX_TOP_LOGPROBS). The scheduler computes such a prompt in full (no prefix-cache
    * hit) and the workers score its rows (PR_SEQ_SCORE). */
   int32_t prompt_logprobs;
+  /* the LoRA adapter the request runs with: 1 .. PR_MAX_LORAS, the workers' n-th
+   * (--lora-modules order, READY's n_lora); 0 = the base model */
+  uint32_t lora;
 };
 
 #define PR_MAX_GRAMMAR_KIND  6
@@ -149,6 +152,7 @@ struct pr_sampling {
 #define PR_MAX_LOGIT_BIAS    1024
 #define PR_MAX_BAD_WORD_LEN  32   /* tokens of one bad_words sequence */
 #define PR_MAX_BAD_WORD_IDS  2048 /* tokens of all of a request's */
+#define PR_MAX_LORAS         64   /* LoRA adapters a model is served with */
 
 /* Logprobs of n_tokens generated tokens. Either empty (sampled.n == 0, n_top == 0)
  * or sampled.n == n_tokens and top_ids.n == top.n == n_tokens * n_top. */
@@ -217,6 +221,8 @@ struct pr_add {
   uint32_t n_images;             /* <= PR_MAX_IMAGES */
   uint64_t cache_salt;           /* the prefix cache's salt (vLLM's cache_salt, hashed; 0: none):
                                     only requests with the same salt share cached blocks */
+  uint64_t lora_sum;             /* with sampling.lora: the sender's adapter list (names and
+                                    order, md_lora_list_sum), which must be the workers' */
 };
 
 struct pr_abort {
@@ -420,6 +426,10 @@ struct pr_ready {
    * "weights": narrowed to the weights' type); NULL = not said */
   const char *kernels;
   const char *matmul_inputs;
+  /* LoRA adapters loaded (--lora-modules), requests' sampling.lora 1 .. n_lora, and
+   * their list's md_lora_list_sum (0 with none), which a request's ADD must match */
+  uint32_t n_lora;
+  uint64_t lora_sum;
 };
 
 struct pr_result_seq {

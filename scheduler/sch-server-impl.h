@@ -103,6 +103,8 @@ struct sch_model_info {
   uint32_t image_tokens, image_bytes; /* per image (the most, with image_varsize); 0 = no images */
   uint32_t image_varsize;             /* 1: images vary in size and carry it (Gemma 4) */
   uint32_t audio_tokens, audio_bytes; /* the most per audio clip; 0 = no audio */
+  uint32_t n_lora;                    /* LoRA adapters the workers hold */
+  uint64_t lora_sum;                  /* their list's sum (names and order) */
 };
 
 /* The tensor-parallel group's comm id (DIST): offered by rank 0, relayed to every

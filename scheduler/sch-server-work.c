@@ -145,7 +145,7 @@ static bool info_agrees(const struct sch_model_info *a, const struct sch_model_i
       a->max_draft != b->max_draft || a->num_eos != b->num_eos ||
       a->image_tokens != b->image_tokens || a->image_bytes != b->image_bytes ||
       a->image_varsize != b->image_varsize || a->audio_tokens != b->audio_tokens ||
-      a->audio_bytes != b->audio_bytes)
+      a->audio_bytes != b->audio_bytes || a->n_lora != b->n_lora || a->lora_sum != b->lora_sum)
     return false;
   for (int32_t g = 0; g < a->num_groups; g++)
     if (a->groups[g].block_tokens != b->groups[g].block_tokens ||
@@ -182,6 +182,8 @@ static int info_from_ready(const struct pr_ready *m, struct sch_model_info *o, c
   o->image_varsize = m->image_varsize;
   o->audio_tokens = m->audio_tokens;
   o->audio_bytes = m->audio_bytes;
+  o->n_lora = m->n_lora;
+  o->lora_sum = m->lora_sum;
   o->shard_sum = m->shard_sum;
   o->num_eos = (int32_t)m->eos_ids.n;
   for (uint32_t i = 0; i < m->eos_ids.n; i++) {

@@ -275,6 +275,20 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
       return;
     }
   }
+  if (sp.lora && (sp.lora > s->info.n_lora || a->lora_sum != s->info.lora_sum)) {
+    sch_srv_drop(s, r, false);
+    if (sp.lora > s->info.n_lora)
+      sch_srv_send_err(s, front, a->request_id, CM_ERR_INVAL,
+                       "LoRA adapter %u asked for, and the workers hold %u (--lora-modules)",
+                       (unsigned)sp.lora, (unsigned)s->info.n_lora);
+    else
+      sch_srv_send_err(s, front, a->request_id, CM_ERR_INVAL,
+                       "the frontend's LoRA adapters are not the workers' (--lora-modules must "
+                       "name the same adapters in the same order on every role)");
+    return;
+  }
+  /* an adapter's K/V differ from the base model's: its blocks are cached apart */
+  if (sp.lora) p.cache_salt = cm_mix64(a->cache_salt ^ cm_mix64(0x4c6f5241ull + sp.lora));
   struct sch_image images[PR_MAX_IMAGES];
   char err[256] = "";
   int rc = add_images(s, a, images, err, sizeof(err));

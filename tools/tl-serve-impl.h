@@ -59,6 +59,8 @@ struct tl_serve {
   /* --served-model-name: the name, then its aliases (their values live as long as the
    * process) */
   const struct cm_strs *served_names;
+  const struct cm_strs
+      *lora_modules; /* --lora-modules NAME=PATH, to the workers and the frontend */
   const char *media_dir, *limit_mm, *max_image_bytes, *max_image_pixels; /* the frontend's */
   const char *responses_store; /* the frontend's --responses-store-size */
   const char *template_kwargs; /* the frontend's --default-chat-template-kwargs */

@@ -54,6 +54,7 @@
 #include "kernels/kn-registry.h"
 #include "lmserve-config.h"
 #include "model/md-config.h"
+#include "model/md-lora-list.h"
 #include "proto/pr-zmq.h"
 #include "tools/tl-http-probe.h"
 #include "tools/tl-main.h"
@@ -251,6 +252,8 @@ int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
     argv_add_str(&a, "--speculative-model", s->spec_model);
     argv_add_str(&a, "--tokenizer", s->tok_dir[0] ? s->tok_dir : NULL);
     argv_add_str(&a, "--mmproj", s->mmproj_path[0] ? s->mmproj_path : NULL);
+    for (int i = 0; i < s->lora_modules->n; i++)
+      argv_add_str(&a, "--lora-modules", s->lora_modules->v[i]);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
     if ((rc = tl_srv_spawn(s, "worker", e->index, r, &a))) return rc;
   }
@@ -287,6 +290,8 @@ static int start_frontend(struct tl_serve *s) {
   for (int i = 0; i < s->served_names->n; i++)
     argv_add_str(&f, "--served-model-name", s->served_names->v[i]);
   if (!s->served_names->n) argv_add_str(&f, "--served-model-name", s->model ? s->model : "default");
+  for (int i = 0; i < s->lora_modules->n; i++)
+    argv_add_str(&f, "--lora-modules", s->lora_modules->v[i]);
   argv_add_str(&f, "--ssl-keyfile", s->ssl_key);
   argv_add_str(&f, "--ssl-certfile", s->ssl_cert);
   argv_add_str(&f, "--ssl-ca-certs", s->ssl_ca);
@@ -342,9 +347,10 @@ static void remove_run_dir(struct tl_serve *s) {
 }
 
 int tl_serve_main(int argc, char **argv) {
-  static struct cm_strs served_names; /* values live as long as the process */
+  static struct cm_strs served_names, lora_modules; /* values live as long as the process */
   struct tl_serve s = {
       .served_names = &served_names,
+      .lora_modules = &lora_modules,
       .host = "127.0.0.1",
       .port = 8000,
       .max_num_seqs = 64,
@@ -375,6 +381,7 @@ int tl_serve_main(int argc, char **argv) {
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
       {"served-model-name", CM_OPT_STRS, &served_names, "NAME", FE_MAIN_SERVED_NAME_HELP},
+      {"lora-modules", CM_OPT_STRS, &lora_modules, "NAME=PATH", MD_LORA_MODULES_HELP},
       {"ssl-keyfile", CM_OPT_STR, &s.ssl_key, "FILE",
        "PEM private key: serve HTTPS (with --ssl-certfile)"},
       {"ssl-certfile", CM_OPT_STR, &s.ssl_cert, "FILE",
@@ -480,6 +487,11 @@ int tl_serve_main(int argc, char **argv) {
   }
 
   if (check_tls(&s) != 0) return 2;
+  struct md_lora_module loras[CM_STRS_MAX];
+  if (md_lora_modules(&lora_modules, loras, ctwhy, sizeof(ctwhy)) < 0) {
+    fprintf(stderr, "lmserve serve: %s\n", ctwhy);
+    return 2;
+  }
 
   int bf16, kvdt, quant;
   char why[160];

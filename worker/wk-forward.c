@@ -202,6 +202,8 @@ int wk_fw_prepare(struct wk_model *m, const struct wk_batch *b, int *n_out, char
     R += q->n_out;
     S += q->n_score;
   }
+  int rc = wk_lora_runs(m, b, err, errlen);
+  if (rc) return rc;
   *n_out = R;
   m->n_scored = S;
   return T;
@@ -277,6 +279,7 @@ static int project_qkv(struct wk_model *m, const struct wk_layer_w *w, const str
   int H = m->cfg.hidden, qd = m->cfg.n_heads * l->head_dim, kvd = l->n_kv_heads * l->head_dim;
   if (l->kv_shared) {
     K(wk_linear(m, m->q, qd, m->h, H, &w->wq, T));
+    if (m->n_lora_run) K(wk_lora_apply(m, layer, MD_LORA_Q, m->q, qd, m->h, H));
     return 0;
   }
   int with_v = !l->k_eq_v;
@@ -289,6 +292,11 @@ static int project_qkv(struct wk_model *m, const struct wk_layer_w *w, const str
     K(wk_linear(m, m->q, qd, m->h, H, &w->wq, T));
     K(wk_linear(m, m->k, kvd, m->h, H, &w->wk, T));
     if (with_v) K(wk_linear(m, m->v, kvd, m->h, H, &w->wv, T));
+  }
+  if (m->n_lora_run) K(wk_lora_apply(m, layer, MD_LORA_Q, m->q, qd, m->h, H));
+  if (m->n_lora_run) {
+    K(wk_lora_apply(m, layer, MD_LORA_K, m->k, kvd, m->h, H));
+    if (with_v) K(wk_lora_apply(m, layer, MD_LORA_V, m->v, kvd, m->h, H));
   }
   if (!with_v) K(kn_copy_rows(m->be, m->v, kvd, m->k, kvd, T, kvd));
   return 0;
@@ -340,20 +348,29 @@ int wk_fw_run_layer(struct wk_model *m, int layer, int T, int n_seqs, int h_read
   K(kn_attention(be, m->attn, qd, m->q, qd, &view, m->aseq + (size_t)g * (size_t)m->max_seqs,
                  n_seqs, nh, window, (float)c->attn_scale, (float)c->attn_softcap));
   K(wk_linear(m, m->o, H, m->attn, qd, &w->wo, T));
+  if (m->n_lora_run) K(wk_lora_apply(m, layer, MD_LORA_O, m->o, H, m->attn, qd));
   if (tp) K(kn_all_reduce_sum(be, m->o, TH)); /* O is split by input columns */
   K(kn_add_norm(be, m->x, H, m->o, H, m->h, H, T, H, w->post_attn_norm, w->pre_ffn_norm,
                 KN_DTYPE_F32, 1.0f, eps, nm));
 
   /* MLP (+ MoE) */
-  if (same_kind(&w->w_gate, &w->w_up)) {
+  /* an adapted gate or up adds its term before the GELU product: not fused then */
+  int glu_lora =
+      m->n_lora_run && (wk_lora_any(m, layer, MD_LORA_GATE) || wk_lora_any(m, layer, MD_LORA_UP));
+  if (same_kind(&w->w_gate, &w->w_up) && !glu_lora) {
     K(kn_matmul_glu(be, m->gate, F, m->h, H, w->w_gate.p, w->w_gate.scale, w->w_up.p, w->w_up.scale,
                     w->w_gate.dt, T, F, H, m->up));
   } else {
     K(wk_linear(m, m->gate, F, m->h, H, &w->w_gate, T));
     K(wk_linear(m, m->up, F, m->h, H, &w->w_up, T));
+    if (glu_lora) {
+      K(wk_lora_apply(m, layer, MD_LORA_GATE, m->gate, F, m->h, H));
+      K(wk_lora_apply(m, layer, MD_LORA_UP, m->up, F, m->h, H));
+    }
     K(kn_gelu_mul(be, m->gate, F, m->gate, F, m->up, F, T, F));
   }
   K(wk_linear(m, m->o, H, m->gate, F, &w->w_down, T));
+  if (m->n_lora_run) K(wk_lora_apply(m, layer, MD_LORA_DOWN, m->o, H, m->gate, F));
   if (tp) K(kn_all_reduce_sum(be, m->o, TH)); /* down is split by input columns */
   if (c->moe) {
     K(kn_rmsnorm(be, m->o, H, m->o, H, T, H, w->post_ffn_norm1, KN_DTYPE_F32, eps, nm));
@@ -464,11 +481,13 @@ static int drop_unread_rows(struct wk_model *m, const struct wk_batch *b, int R,
   int H = c->hidden, layer = m->first_shared;
   size_t LP = (size_t)c->n_layers * (size_t)c->ple_dim;
   int src = 0, dst = 0, kept = 0, o = 0, sc = R - m->n_scored;
+  m->n_lora_run = 0; /* the adapters' runs again, over the kept rows */
   for (int s = 0; s < b->n_seqs; s++) {
     const struct wk_seq_input *q = &b->seqs[s];
     int n = q->n_out + q->n_score, from = src + q->n_tokens - n;
     src += q->n_tokens;
     if (!n) continue;
+    if (q->lora && !q->pad) wk_lora_push(m, dst, n, q->lora);
     for (int j = 0; j < q->n_score; j++)
       m->out_rows[sc++] = dst + j;
     for (int j = 0; j < q->n_out; j++)

@@ -47,7 +47,8 @@ int wk_graph_bucket(const struct wk_model *m, const struct wk_batch *b) {
   int R = b->seqs[0].n_tokens;
   for (int s = 0; s < n; s++) {
     const struct wk_seq_input *q = &b->seqs[s];
-    if (q->n_tokens != R || q->n_out != R || q->n_score || q->pad || q->n_embeds || q->n_bidir)
+    if (q->n_tokens != R || q->n_out != R || q->n_score || q->pad || q->n_embeds || q->n_bidir ||
+        q->lora) /* an adapter's runs are not in the graphs */
       return -1;
   }
   int k = 0;

@@ -39,6 +39,7 @@
 #include "kernels/kn-registry.h"
 #include "model/md-audio-g4.h"
 #include "model/md-config.h"
+#include "model/md-lora-list.h"
 #include "proto/pr-zmq.h"
 #include "worker/wk-audio-g4.h"
 #include "worker/wk-main.h"
@@ -79,6 +80,7 @@ struct wk_proc {
   struct kn_backend *be;
   uint32_t world, max_draft, max_seqs, max_tokens;
   uint32_t audio_tokens, audio_bytes; /* the longest clip's; 0 without an audio tower */
+  uint64_t lora_sum;                  /* --lora-modules' (md_lora_list_sum) */
   pthread_mutex_t quit_mu; /* with quit_cv: wakes the beat thread */
   pthread_cond_t quit_cv;
 };
@@ -212,6 +214,8 @@ static int send_ready(struct wk_proc *p) {
                                 (size_t)(v->patch * v->patch) * 3);
     r->image_varsize = 1;
   }
+  r->n_lora = (uint32_t)wk_model_n_lora(m);
+  r->lora_sum = p->lora_sum;
   r->audio_tokens = p->audio_tokens;
   r->audio_bytes = p->audio_bytes;
   return send_locked(p, &msg);
@@ -485,6 +489,8 @@ int wk_worker_main(int argc, char **argv) {
       use_mmap = 0, eager = 0;
   int64_t join_ms = 60000;
   double beat_s = 1.0;
+  struct cm_strs lora_args = {0};
+  struct md_lora_module loras[CM_STRS_MAX];
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model_dir, "PATH", MD_MODEL_HELP},
       {"scheduler", CM_OPT_STR, &endpoint, "ENDPOINT",
@@ -528,6 +534,7 @@ int wk_worker_main(int argc, char **argv) {
        "forward taking the tokens that step sampled on the device ($LMSERVE_PIPELINE=0|1; on "
        "for device backends, off on the CPU, where it only delays each answer)"},
       {"mmproj", CM_OPT_STR, &mmproj, "FILE", MD_MMPROJ_HELP},
+      {"lora-modules", CM_OPT_STRS, &lora_args, "NAME=PATH", MD_LORA_MODULES_HELP},
       {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
        "the vocabulary of structured outputs from DIR's tokenizer.json, as the frontend's "
        "--tokenizer (default: the checkpoint's tokenizer.json, or a GGUF file's own)"},
@@ -549,6 +556,12 @@ int wk_worker_main(int argc, char **argv) {
   }
   char why[512];
   if (md_model_mmproj_arg(model_dir, mmproj, why, sizeof(why))) {
+    fprintf(stderr, "lmserve worker: %s\n", why);
+    return 2;
+  }
+  int n_lora = md_lora_modules(&lora_args, loras, why, sizeof(why));
+  cm_strs_free(&lora_args);
+  if (n_lora < 0) {
     fprintf(stderr, "lmserve worker: %s\n", why);
     return 2;
   }
@@ -640,6 +653,13 @@ int wk_worker_main(int argc, char **argv) {
     if (rc == CM_ERR_INVAL || rc == CM_ERR_UNSUPPORTED) status = 2;
     goto done;
   }
+  for (int i = 0; i < n_lora; i++)
+    if ((rc = wk_model_add_lora(m, loras[i].name, loras[i].path, err, sizeof(err)))) {
+      fprintf(stderr, "lmserve worker: --lora-modules: %s\n", err);
+      if (rc == CM_ERR_INVAL || rc == CM_ERR_UNSUPPORTED) status = 2;
+      goto done;
+    }
+  p.lora_sum = md_lora_list_sum(loras, n_lora);
   if (spec_dir && (rc = wk_draft_load(spec_dir, m, &mo, &draft, err, sizeof(err)))) {
     fprintf(stderr, "lmserve worker: --speculative-model: %s\n", err);
     goto done;

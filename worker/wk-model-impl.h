@@ -5,6 +5,7 @@
 #include "common/cm-arena.h"
 #include "common/cm-huge.h"
 #include "kernels/kn-backend.h"
+#include "model/md-lora.h"
 #include "model/md-safetensors.h"
 #include "worker/wk-model.h"
 #include "worker/wk-owned.h"
@@ -199,6 +200,13 @@ struct wk_model {
   int32_t *cand;              /* host [top_k * V / C] candidate token ids */
   struct wk_seq_input *dseqs; /* host [max_seqs] */
 
+  /* LoRA adapters (wk-lora.c) */
+  struct wk_lora *loras;        /* [n_lora] */
+  int n_lora, lora_rank;        /* adapters, and the largest rank among them */
+  float *lora_tmp;              /* backend [T, lora_rank]: x A^T of a run */
+  struct wk_lora_run *lora_run; /* host [max_seqs]: the batch's runs of rows with an adapter */
+  int n_lora_run;
+
   /* Step graphs (wk-graph.c): steps whose every sequence runs and samples the
    * same number of tokens (a decode's one; a token and its drafts when
    * verifying) run padded to the smallest bucket of that many tokens that
@@ -226,6 +234,33 @@ int wk_embed_tokens(struct wk_model *m, float *out, const struct wk_w *table, fl
 
 /* Allocates backend memory owned by the model (freed with it). */
 void *wk_model_alloc(struct wk_model *m, size_t bytes);
+
+/* One adapted projection on this rank: A [rank, cols] and B [rows, rank] (B times the
+ * adapter's scale), f32 in backend memory, cut as the projection's weight. */
+struct wk_lora_w {
+  float *a, *b; /* NULL: not adapted */
+  int rows, cols;
+};
+struct wk_lora {
+  int rank;
+  struct wk_lora_w (*w)[MD_LORA_N_MODS]; /* [n_layers] */
+};
+/* Rows [t0, t0 + n) of a batch run with adapter `lora` (1-based). */
+struct wk_lora_run {
+  int t0, n, lora;
+};
+/* Appends rows [t0, t0 + n) with adapter lora to m->lora_run (joined to the last
+ * run where they continue it). */
+void wk_lora_push(struct wk_model *m, int t0, int n, int lora);
+void wk_lora_free(struct wk_model *m);
+/* Fills m->lora_run from the batch (wk_fw_prepare): CM_ERR_RANGE for an adapter
+ * number the model does not have. */
+int wk_lora_runs(struct wk_model *m, const struct wk_batch *b, char *err, size_t errlen);
+/* Whether any run of this batch adapts `mod` of `layer`. */
+int wk_lora_any(const struct wk_model *m, int layer, enum md_lora_mod mod);
+/* out[t] += B (A in[t]) for each run's rows t whose adapter adapts `mod` of `layer`. */
+int wk_lora_apply(struct wk_model *m, int layer, enum md_lora_mod mod, float *out, ptrdiff_t ldo,
+                  const float *in, ptrdiff_t ldi);
 
 /* wk-forward.c: checks a batch and fills ids, positions, slots and attention
  * descriptors (returns T or a negative cm_err); runs one decoder layer on m->x.

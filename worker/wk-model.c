@@ -1256,6 +1256,7 @@ int wk_model_load(const char *dir, struct kn_backend *be, const struct wk_model_
 void wk_model_free(struct wk_model *m) {
   if (!m) return;
   wk_graph_free(m);
+  wk_lora_free(m);
   wk_owned_free(&m->owned, m->be);
   cm_arena_free(&m->host);
   free(m->arena.todo);

@@ -130,6 +130,15 @@ uint64_t wk_model_block_bytes(const struct wk_model *m);
  * tensor-parallel group that loaded the same checkpoint at the same size. */
 uint64_t wk_model_shard_sum(const struct wk_model *m);
 
+/* LoRA adapters (PEFT's layout, model/md-lora.h), loaded after the model: adapter
+ * number wk_model_n_lora(m) + 1, which a sequence names in wk_seq_input.lora. Each
+ * adapted projection of a sequence that names it adds scale * (x A^T) B^T to its
+ * output; under tensor parallelism A and B are cut as the projection's weight is.
+ * 0, or a negative cm_err with a one-line reason naming the adapter in err. */
+int wk_model_add_lora(struct wk_model *m, const char *name, const char *dir, char *err,
+                      size_t errlen);
+int wk_model_n_lora(const struct wk_model *m);
+
 /* Rows that replace token embeddings: an image's soft tokens at absolute
  * positions pos .. pos + n - 1. Only the positions a step runs are read. */
 struct wk_seq_embed {
@@ -159,7 +168,8 @@ struct wk_seq_input {
   const struct wk_seq_embed *embeds; /* [n_embeds] replaced embeddings (taken as they
                                         are: no embedding scale), or NULL */
   int n_embeds;
-  int pad; /* 1: a padding row, as CUDA-graph buckets fill a decode step up to a fixed
+  int lora; /* the LoRA adapter it runs with: 1 .. wk_model_n_lora, 0 = none */
+  int pad;  /* 1: a padding row, as CUDA-graph buckets fill a decode step up to a fixed
               size: its one token runs at pos0 (inside the first block) against the page
               block_tables[g][0], writes no KV (slot -1) and has no output (n_out 0);
               the other rows' results are those of the step without it */

@@ -40,6 +40,7 @@ struct rseq {
   uint32_t gen_end;  /* prompt + max_tokens (from NEW), 0 = not said */
   uint32_t n_prompt; /* prompt tokens (from NEW): later positions are generated ones */
   int prompt_top;    /* its prompt's logprobs (PR_SEQ_SCORE): top entries, -1 = not asked */
+  int lora;          /* its LoRA adapter (from NEW), 0 = none */
   struct wk_sampling_params sp;
   struct wk_penalty_state pen;
   int32_t *bt[WK_MAX_KV_GROUPS]; /* [cap_bt[g]] page ids, -1 = freed by the window */
@@ -672,6 +673,10 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       /* the first draft is checked against the logits of the token before it */
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without a token before them",
                      id);
+    if (is_new && s->sampling.lora > (uint32_t)wk_model_n_lora(r->model))
+      return cm_fail(err, errlen, CM_ERR_RANGE,
+                     "sequence %llu: LoRA adapter %u (this worker holds %d)", id, s->sampling.lora,
+                     wk_model_n_lora(r->model));
     if (is_new && s->sampling.grammar_kind) {
       int rc = grammars(r, err, errlen);
       if (rc) return rc;
@@ -829,6 +834,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
         (void)hist_push(q, s->num_prompt + j, (int32_t)s->generated.v[j]);
       q->gen_end = s->max_tokens ? s->num_prompt + s->max_tokens : 0;
       q->n_prompt = s->num_prompt;
+      q->lora = (int)s->sampling.lora;
       q->prompt_top =
           s->sampling.prompt_logprobs < 0 ? -1 : CM_MIN(s->sampling.prompt_logprobs, TOPN);
       if (s->before.n && s->before.n != s->start_pos)
@@ -888,6 +894,7 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
     in->tokens = t;
     in->n_tokens = (int)(s->tokens.n + s->draft_tokens.n);
     in->pos0 = (int)s->start_pos;
+    in->lora = q->lora;
     for (int g = 0; g < r->n_groups; g++) {
       in->block_tables[g] = q->bt[g];
       in->n_blocks[g] = q->n_bt[g];
