@@ -10,7 +10,7 @@ with lmserve's C path: config.json is read with json, the safetensors files by
 hand (siglip_ref.py's reader, in this folder), and the image embeddings come
 from siglip_ref.encode, the numpy reference of the tower and projector.
 
-    python3 gemma3_mm_ref.py MODEL_DIR IDS PIXELS N_IMAGES OUT [--causal]
+    python3 gemma3_mm_ref.py MODEL_DIR IDS PIXELS N_IMAGES OUT [--causal] [--lora ADAPTER_DIR]
 
 IDS: raw little-endian int32 token ids [T]. PIXELS: raw little-endian f32
 [N_IMAGES, num_channels, image_size, image_size], preprocessed (as
@@ -18,6 +18,15 @@ siglip_ref.py takes them; not read when N_IMAGES is 0). OUT receives raw
 little-endian f32 logits [T, vocab_size], one row per position.
 --causal leaves out the images' bidirectional mask (every layer causal, and
 windowed on sliding layers), for showing what the mask changes.
+--lora ADAPTER_DIR runs the model with a PEFT LoRA adapter on its language
+model (adapter_config.json and adapter_model.safetensors, read by lora_io.py in
+this folder): each q/k/v/o and gate/up/down projection of a layer the adapter
+covers adds scale * (x @ A.T) @ B.T to its output, as peft's
+LoraLayer.forward (tuners/lora/layer.py, Linear.forward) does with dropout off,
+scale = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora. The adapter's
+tensors may name the layers under any of the language model's prefixes
+(model., model.language_model., language_model.model., language_model.); an
+adapter on anything else (the vision tower, the embeddings) is refused.
 
 What each piece follows:
   - Gemma3Model.forward: the token embeddings, then masked_scatter of the
@@ -205,8 +214,19 @@ def attention_masks(c, ids, bidir):
     return masks
 
 
-def forward(c, t, prefix, embed_scale, ids, image_rows, bidir):
+def forward(c, t, prefix, embed_scale, ids, image_rows, bidir, lora=None, lora_scale=1.0):
+    """lora: {(layer, module name): (A [r, in], B [out, r])}, or None."""
     T, H, nh, nkv, hd = len(ids), c.hidden, c.n_heads, c.n_kv, c.head_dim
+    lora = lora or {}
+
+    def proj(x, layer, path):
+        # nn.Linear x @ W^T, plus LoraLayer's lora_B(lora_A(x)) * scaling where adapted
+        y = x @ t[prefix + "layers.%d.%s.weight" % (layer, path)].T
+        ab = lora.get((layer, path.split(".")[1]))
+        if ab is not None:
+            y = y + ((x @ ab[0].T) @ ab[1].T) * lora_scale
+        return y
+
     E = t[prefix + "embed_tokens.weight"]
     is_image = ids == c.image_id
     lookup = np.where(is_image, 0, ids) if c.image_id >= c.vocab else ids
@@ -228,9 +248,9 @@ def forward(c, t, prefix, embed_scale, ids, image_rows, bidir):
         kind = c.layer_types[i]
         cos, sin = tables[kind]
         h = rms_norm(x, t[lp + "input_layernorm.weight"], c.eps)
-        q = (h @ t[lp + "self_attn.q_proj.weight"].T).reshape(T, nh, hd).transpose(1, 0, 2)
-        k = (h @ t[lp + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
-        v = (h @ t[lp + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+        q = proj(h, i, "self_attn.q_proj").reshape(T, nh, hd).transpose(1, 0, 2)
+        k = proj(h, i, "self_attn.k_proj").reshape(T, nkv, hd).transpose(1, 0, 2)
+        v = proj(h, i, "self_attn.v_proj").reshape(T, nkv, hd).transpose(1, 0, 2)
         q = rotate(rms_norm(q, t[lp + "self_attn.q_norm.weight"], c.eps), cos, sin)
         k = rotate(rms_norm(k, t[lp + "self_attn.k_norm.weight"], c.eps), cos, sin)
         k = np.repeat(k, rep, axis=0)
@@ -241,11 +261,11 @@ def forward(c, t, prefix, embed_scale, ids, image_rows, bidir):
         a = np.exp(s)
         a = a / a.sum(axis=-1, keepdims=True)
         o = (a @ v).transpose(1, 0, 2).reshape(T, nh * hd)
-        o = o @ t[lp + "self_attn.o_proj.weight"].T
+        o = proj(o, i, "self_attn.o_proj")
         x = x + rms_norm(o, t[lp + "post_attention_layernorm.weight"], c.eps)
         h = rms_norm(x, t[lp + "pre_feedforward_layernorm.weight"], c.eps)
-        g = siglip_ref.gelu_pytorch_tanh(h @ t[lp + "mlp.gate_proj.weight"].T)
-        m = (g * (h @ t[lp + "mlp.up_proj.weight"].T)) @ t[lp + "mlp.down_proj.weight"].T
+        g = siglip_ref.gelu_pytorch_tanh(proj(h, i, "mlp.gate_proj"))
+        m = proj(g * proj(h, i, "mlp.up_proj"), i, "mlp.down_proj")
         x = x + rms_norm(m, t[lp + "post_feedforward_layernorm.weight"], c.eps)
     x = rms_norm(x, t[prefix + "norm.weight"], c.eps)
     head = E if c.tie or "lm_head.weight" not in t else t["lm_head.weight"]
@@ -263,14 +283,42 @@ def text_prefix(t):
                    "or model.")
 
 
+def read_lora(adapter_dir, c, t, prefix):
+    """The adapter's {(layer, module): (A, B)} and scale, each shape checked against the
+    checkpoint's weight."""
+    sys.dont_write_bytecode = True  # no __pycache__ left beside the sources
+    import lora_io  # only with --lora
+    adapter = lora_io.Adapter(adapter_dir)
+    mods = adapter.text_layers()
+    for (i, mod), (a, b) in sorted(mods.items()):
+        name = prefix + "layers.%d.%s.weight" % (i, lora_io.MODULE_PATH[mod])
+        if i >= c.n_layers or name not in t:
+            raise ValueError("%s: the adapter's layer %d %s has no weight %s"
+                             % (adapter_dir, i, mod, name))
+        if t[name].shape != (b.shape[0], a.shape[1]):
+            raise ValueError("%s: layer %d %s: lora_B %s x lora_A %s, weight %s"
+                             % (adapter_dir, i, mod, list(b.shape), list(a.shape),
+                                list(t[name].shape)))
+    return mods, adapter.scale
+
+
 def main(argv):
-    args = [a for a in argv[1:] if a != "--causal"]
-    if len(args) != 5 or len(argv) - 1 - len(args) > 1:
+    rest, lora_dir = [], None
+    i = 1
+    while i < len(argv):
+        if argv[i] == "--lora" and i + 1 < len(argv) and lora_dir is None:
+            lora_dir = argv[i + 1]
+            i += 2
+            continue
+        rest.append(argv[i])
+        i += 1
+    args = [a for a in rest if a != "--causal"]
+    if len(args) != 5 or len(rest) - len(args) > 1:
         sys.stderr.write(__doc__)
         return 2
     model_dir, ids_path, pixels_path, n_images, out_path = args
     n_images = int(n_images)
-    bidir = "--causal" not in argv[1:]
+    bidir = "--causal" not in rest
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     c = TextConfig(cfg)
@@ -289,10 +337,12 @@ def main(argv):
         C, S = vc.get("num_channels", 3), vc.get("image_size", 224)
         pixels = np.fromfile(pixels_path, dtype="<f4").astype(np.float64)
         rows = siglip_ref.encode(cfg, t, pixels.reshape(n_images, C, S, S))
-    logits = forward(c, t, prefix, embed_scale, ids, rows, bidir)
+    lora, lora_scale = ({}, 1.0) if lora_dir is None else read_lora(lora_dir, c, t, prefix)
+    logits = forward(c, t, prefix, embed_scale, ids, rows, bidir, lora, lora_scale)
     logits.astype("<f4").tofile(out_path)
-    print("gemma3_mm_ref: %d tokens, %d images (%s) -> logits %dx%d"
-          % (ids.size, n_images, "bidirectional" if bidir else "causal", logits.shape[0],
+    print("gemma3_mm_ref: %d tokens, %d images (%s%s) -> logits %dx%d"
+          % (ids.size, n_images, "bidirectional" if bidir else "causal",
+             "" if lora_dir is None else ", LoRA on %d modules" % len(lora), logits.shape[0],
              logits.shape[1]))
     return 0
 
