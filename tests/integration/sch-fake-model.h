@@ -10,6 +10,7 @@
 #define SCH_FAKE_VOCAB  1000u
 #define SCH_FAKE_EOS    1u
 #define SCH_FAKE_MAXLEN 512u /* tokens; the fake worker's max_model_len */
+#define SCH_FAKE_LORA_SUM 0x10a4000000000000ull /* --loras N says this + N */
 
 /* The token after toks[0..n), n >= 1. */
 static inline uint32_t sch_fake_next(const uint32_t *toks, uint32_t n) {

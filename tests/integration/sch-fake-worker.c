@@ -309,7 +309,7 @@ int main(int argc, char **argv) {
   const char *ep = NULL;
   int empty_results = 0, grammar_fail = 0;
   int64_t rank = 0, world = 1, blocks = 256, beat_ms = 200, max_draft = 0, slow_ms = 0, fail_at = 0,
-          grammar_ms = 0;
+          grammar_ms = 0, n_lora = 0;
   struct cm_opt opts[] = {
       {"endpoint", CM_OPT_STR, &ep, "EP", "scheduler worker endpoint", 0, 0, 0, 0, NULL},
       {"rank", CM_OPT_INT, &rank, "R", "rank", 0, 1023, 0, 0, NULL},
@@ -324,6 +324,9 @@ int main(int argc, char **argv) {
        INT32_MAX, 0, 0, NULL},
       {"grammar-ms", CM_OPT_INT, &grammar_ms, "MS",
        "build the structured-output state in MS after CTRL GRAMMARS", 0, 60000, 0, 0, NULL},
+      {"loras", CM_OPT_INT, &n_lora, "N",
+       "say N LoRA adapters in READY, their list's sum SCH_FAKE_LORA_SUM + N", 0, PR_MAX_LORAS, 0,
+       0, NULL},
       {"grammar-fail", CM_OPT_BOOL, &grammar_fail, NULL,
        "building the structured-output state fails", 0, 0, 0, 0, NULL},
       {0},
@@ -360,6 +363,8 @@ int main(int argc, char **argv) {
   pr_msg_init(&m, PR_READY);
   m.u.ready = (struct pr_ready){f->rank,        f->world,        f->blocks, groups,      NGROUPS,
                                 SCH_FAKE_VOCAB, SCH_FAKE_MAXLEN, {eos, 1},  f->max_draft};
+  m.u.ready.n_lora = (uint32_t)n_lora;
+  m.u.ready.lora_sum = n_lora ? SCH_FAKE_LORA_SUM + (uint64_t)n_lora : 0;
   if ((rc = pr_sock_send(f->sock, NULL, &m, 0))) return 1;
 
   struct cm_arena arena;

@@ -171,6 +171,8 @@ void send_add(struct client *c, struct treq *r) {
   m.u.add.sampling.ignore_eos = r->ignore_eos;
   m.u.add.sampling.logprobs = r->logprobs;
   m.u.add.sampling.grammar_kind = r->grammar_kind;
+  m.u.add.sampling.lora = r->lora;
+  m.u.add.lora_sum = r->lora_sum;
   if (r->grammar_kind) m.u.add.sampling.grammar = (struct pr_bytes){(const uint8_t *)"x", 1};
   uint32_t stop = (uint32_t)r->stop_id;
   if (r->stop_id >= 0) m.u.add.stop_token_ids = (struct pr_u32s){&stop, 1};

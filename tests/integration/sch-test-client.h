@@ -37,6 +37,8 @@ struct treq {
   bool done;
   int done_at;           /* 1 for the first of the client's requests done, 2 the next... */
   uint32_t grammar_kind; /* a structured output (its text "x": the fake workers follow none) */
+  uint32_t lora;         /* the adapter asked for (0: none), with its list's sum */
+  uint64_t lora_sum;
 };
 
 struct client {

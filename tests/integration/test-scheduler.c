@@ -188,6 +188,48 @@ TH_TEST(sched_rejections) {
   env_close(&e, &c);
 }
 
+/* LoRA adapters: an adapter the workers do not hold, or a frontend whose list is not
+ * theirs, is refused; an adapter's prompt is cached apart from the base model's. */
+TH_TEST(sched_lora) {
+  struct env e;
+  struct client c;
+  const char *wx[] = {"--loras", "2", NULL};
+  env_open(&e, &c, 1, NULL, wx, g_reqs, 6);
+  const uint64_t sum = SCH_FAKE_LORA_SUM + 2;
+  make_req(&g_reqs[0], 1, 100, 4); /* the base model, then adapter 1 twice, then 2 */
+  for (int i = 1; i < 4; i++) {
+    g_reqs[i] = g_reqs[0];
+    g_reqs[i].id = (uint64_t)i + 1;
+    g_reqs[i].lora = i < 3 ? 1 : 2;
+    g_reqs[i].lora_sum = sum;
+  }
+  make_req(&g_reqs[4], 5, 10, 4);
+  g_reqs[4].lora = 3; /* not held */
+  g_reqs[4].lora_sum = sum;
+  make_req(&g_reqs[5], 6, 10, 4);
+  g_reqs[5].lora = 1;
+  g_reqs[5].lora_sum = sum + 1; /* another list */
+  for (int i = 0; i < 6; i++) {
+    c.nreqs = i + 1;
+    send_add(&c, &g_reqs[i]);
+    if (i < 4) wait_done(&c, 10000); /* one after another: each may find the last's blocks */
+  }
+  wait_done(&c, 10000);
+  for (int i = 0; i < 4; i++)
+    TH_CHECK_EQ_INT(g_reqs[i].err_code, 0);
+  TH_CHECK_EQ_INT(g_reqs[0].n_cached, 0);
+  TH_CHECK_EQ_INT(g_reqs[1].n_cached, 0); /* the base model's blocks are not adapter 1's */
+  TH_CHECK(g_reqs[2].n_cached >= 64);     /* adapter 1's own */
+  TH_CHECK_EQ_INT(g_reqs[3].n_cached, 0);
+  TH_CHECK_EQ_INT(g_reqs[4].err_code, CM_ERR_INVAL);
+  TH_CHECK(strstr(g_reqs[4].err, "LoRA adapter 3") && strstr(g_reqs[4].err, "hold 2"));
+  TH_CHECK_EQ_INT(g_reqs[5].err_code, CM_ERR_INVAL);
+  TH_CHECK(strstr(g_reqs[5].err, "not the workers'") != NULL);
+  ping(&c);
+  TH_CHECK_EQ_INT(c.pong.num_running, 0);
+  env_close(&e, &c);
+}
+
 TH_TEST(sched_abort_frees_everything) {
   struct env e;
   const char *wx[] = {"--slow-ms", "3", NULL};

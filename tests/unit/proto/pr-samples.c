@@ -77,6 +77,7 @@ static void sampling_typical(struct pr_sampling *s) {
   s->seed = 1234567890123ull;
   s->logprobs = 5;
   s->prompt_logprobs = 2;
+  s->lora = 3;
   static const char re[] = "[0-9]{3}-[a-z]+";
   s->grammar_kind = 1; /* a regex */
   s->grammar = (struct pr_bytes){(const uint8_t *)re, sizeof(re) - 1};
@@ -103,6 +104,7 @@ static void sampling_max(struct pr_sampling *s) {
   s->seed = UINT64_MAX;
   s->logprobs = PR_MAX_TOP_LOGPROBS;
   s->prompt_logprobs = PR_MAX_TOP_LOGPROBS;
+  s->lora = PR_MAX_LORAS;
   s->ignore_eos = true;
   static uint8_t text[PR_MAX_GRAMMAR_BYTES];
   memset(text, 'x', sizeof(text));
@@ -141,6 +143,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     a->arrival_ns = v == 2 ? UINT64_MAX : v == 0 ? 1795000000123456789ull : 0;
     /* v 0: a salt whose low 32 bits are 0 (once not sent: its test read 32 bits) */
     a->cache_salt = v == 2 ? UINT64_MAX : v == 0 ? 0x8badf00d00000000ull : 0;
+    a->lora_sum = v == 2 ? UINT64_MAX : v == 0 ? 0x1234000000000000ull : 0;
     if (v == 0) { /* two images of 3 and 2 soft tokens, an audio clip of 1 */
       for (size_t i = 0; i < sizeof(pixels); i++)
         pixels[i] = (uint8_t)(i * 37u);
@@ -314,6 +317,8 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     r->matmul_inputs = v == 0 ? "weights" : v == 2 ? "" : NULL;
     if (v == 0) r->image_tokens = 1120, r->image_bytes = 7741440, r->image_varsize = 1;
     if (v == 0) r->audio_tokens = 750, r->audio_bytes = 1538487;
+    r->n_lora = v == 2 ? PR_MAX_LORAS : v == 0 ? 2 : 0;
+    r->lora_sum = v == 2 ? UINT64_MAX : v == 0 ? 0x77aa000000000001ull : 0;
     break;
   }
   case PR_RESULT: {

@@ -127,8 +127,10 @@ TH_TEST(msgpack_c_sees_our_fields) {
   struct sample s;
   msgpack_unpacked up;
   msgpack_object_map *map = unpack_sample(2, "add-max", &s, &up);
-  TH_CHECK_EQ_INT(map->size, 9); /* images are absent; the cache salt is key 9 */
+  TH_CHECK_EQ_INT(map->size, 10); /* images are absent; the cache salt is key 9, then the
+                                    LoRA list's sum key 10 */
   TH_CHECK(map->ptr[8].key.via.u64 == 9 && map->ptr[8].val.via.u64 == UINT64_MAX);
+  TH_CHECK(map->ptr[9].key.via.u64 == 10 && map->ptr[9].val.via.u64 == UINT64_MAX);
   TH_CHECK(map->ptr[0].key.type == MSGPACK_OBJECT_POSITIVE_INTEGER);
   TH_CHECK(map->ptr[0].key.via.u64 == 0);
   TH_CHECK(map->ptr[0].val.via.u64 == UINT64_MAX);
