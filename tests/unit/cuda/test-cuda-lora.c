@@ -79,16 +79,6 @@ static void step(struct side *s, const int32_t (*tok)[PRE + STEPS + 2], int s0, 
   }
 }
 
-static double rel(const float *a, const float *b, size_t n) {
-  double lo = INFINITY, hi = -INFINITY, w = 0;
-  for (size_t i = 0; i < n; i++) {
-    lo = fmin(lo, b[i]);
-    hi = fmax(hi, b[i]);
-    w = fmax(w, fabs((double)a[i] - b[i]));
-  }
-  return w / (hi - lo);
-}
-
 static void check_arch(struct kn_backend *dev, const char *python, const char *arch) {
   char dir[256], ad[2][4200], mk[4200], log[4096];
   TH_REQUIRE(wkt_make_model(dir, sizeof(dir), arch, 0, 0, MD_ST_F32, 41) == 0);
@@ -118,17 +108,17 @@ static void check_arch(struct kn_backend *dev, const char *python, const char *a
   double worst = 0;
   step(&d, tok, 0, NSEQ, 0, PRE, ld);
   step(&c, tok, 0, NSEQ, 0, PRE, lc);
-  worst = fmax(worst, rel(ld, lc, most));
+  worst = fmax(worst, wkt_rel_err(ld, lc, most));
   /* the adapters are seen: sequence 0 (adapter 1) against the same tokens' base run */
-  double moved = rel(lc, lc + (size_t)PRE * V, (size_t)PRE * V);
+  double moved = wkt_rel_err(lc, lc + (size_t)PRE * V, (size_t)PRE * V);
   for (int t = 0; t < STEPS; t++) {
     step(&d, tok, 0, NSEQ, PRE + t, 1, ld);
     step(&c, tok, 0, NSEQ, PRE + t, 1, lc);
-    worst = fmax(worst, rel(ld, lc, (size_t)NSEQ * V));
+    worst = fmax(worst, wkt_rel_err(ld, lc, (size_t)NSEQ * V));
   }
   step(&d, tok, 1, 1, PRE + STEPS, 1, ld); /* the base sequence alone: a graph's step */
   step(&c, tok, 1, 1, PRE + STEPS, 1, lc);
-  worst = fmax(worst, rel(ld, lc, (size_t)V));
+  worst = fmax(worst, wkt_rel_err(ld, lc, (size_t)V));
   printf("%s: device against the CPU %.3g of the range; sequences 0 and 1 differ by %.3g\n", arch,
          worst, moved);
   TH_CHECK(worst < TOL);

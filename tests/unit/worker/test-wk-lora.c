@@ -192,17 +192,6 @@ static float *run_reference(struct fx *f, const int32_t *ids, int n, const char 
   return want;
 }
 
-/* max |a - b| over n values, as a fraction of b's range. */
-static double rel_err(const float *a, const float *b, size_t n) {
-  double lo = INFINITY, hi = -INFINITY, worst = 0;
-  for (size_t i = 0; i < n; i++) {
-    lo = fmin(lo, b[i]);
-    hi = fmax(hi, b[i]);
-    worst = fmax(worst, fabs((double)a[i] - b[i]));
-  }
-  return worst / (hi - lo);
-}
-
 /* ---- tests ------------------------------------------------------------------------------- */
 
 TH_TEST(lora_logits_vs_reference) {
@@ -224,14 +213,14 @@ TH_TEST(lora_logits_vs_reference) {
   size_t n = (size_t)T * f.V;
   float *base = run_alone(&f, ids, T, 0);
   float *want0 = run_reference(&f, ids, T, NULL);
-  double e0 = rel_err(base, want0, n);
+  double e0 = wkt_rel_err(base, want0, n);
   printf("base model vs reference: %.3g of the range\n", e0);
   TH_CHECK(e0 < LOGIT_TOL);
   const char *dirs[2] = {a1, a2};
   for (int l = 1; l <= 2; l++) {
     float *got = run_alone(&f, ids, T, l);
     float *want = run_reference(&f, ids, T, dirs[l - 1]);
-    double e = rel_err(got, want, n), moved = rel_err(base, want, n);
+    double e = wkt_rel_err(got, want, n), moved = wkt_rel_err(base, want, n);
     printf("adapter %d vs reference: %.3g of the range (the base model's logits: %.3g)\n", l, e,
            moved);
     TH_CHECK(e < LOGIT_TOL);
@@ -341,7 +330,7 @@ TH_TEST(lora_gemma4_against_merged) {
   load(&f, merged, 4);
   float *want = run_alone(&f, ids, T, 0);
   size_t n = (size_t)T * f.V;
-  double e = rel_err(got, want, n), moved = rel_err(base, want, n);
+  double e = wkt_rel_err(got, want, n), moved = wkt_rel_err(base, want, n);
   printf("gemma4 adapter vs merged weights: %.3g of the range (the base model's: %.3g)\n", e,
          moved);
   TH_CHECK(e < MERGED_TOL);

@@ -198,6 +198,12 @@ static inline double wkt_max_err(const float *got, const float *want, size_t n, 
   return worst;
 }
 
+/* wkt_max_err as a fraction of want's range. */
+static inline double wkt_rel_err(const float *got, const float *want, size_t n) {
+  double lo, hi, worst = wkt_max_err(got, want, n, &lo, &hi);
+  return worst / (hi - lo);
+}
+
 /* Writes the checkpoint o describes into dir (seed, dt) with every tensor
  * whose name holds `part` renamed away (the test stops if it cannot). */
 static inline void wkt_write_without(const char *dir, const struct tl_tiny_opts *o,
