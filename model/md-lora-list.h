@@ -13,6 +13,13 @@
   "model NAME: a request naming NAME runs with it; repeated or comma-separated, in the same "      \
   "order on every role"
 
+/* vLLM's --max-lora-rank (serve, worker) */
+#define MD_MAX_LORA_RANK_HELP                                                                      \
+  "refuse adapters whose rank is above N, as vLLM does (default: any rank up to 512)"
+/* vLLM's --enable-lora (serve): taken, and needed for nothing */
+#define MD_ENABLE_LORA_HELP                                                                        \
+  "vLLM's switch for adapters, accepted: adapters are served whenever --lora-modules names one"
+
 struct md_lora_module {
   char name[MD_LORA_NAME_MAX];
   char path[4096];

@@ -254,6 +254,7 @@ int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
     argv_add_str(&a, "--mmproj", s->mmproj_path[0] ? s->mmproj_path : NULL);
     for (int i = 0; i < s->lora_modules->n; i++)
       argv_add_str(&a, "--lora-modules", s->lora_modules->v[i]);
+    if (s->max_lora_rank) argv_add_int(&a, "--max-lora-rank", s->max_lora_rank);
     argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
     if ((rc = tl_srv_spawn(s, "worker", e->index, r, &a))) return rc;
   }
@@ -382,6 +383,8 @@ int tl_serve_main(int argc, char **argv) {
       {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
       {"served-model-name", CM_OPT_STRS, &served_names, "NAME", FE_MAIN_SERVED_NAME_HELP},
       {"lora-modules", CM_OPT_STRS, &lora_modules, "NAME=PATH", MD_LORA_MODULES_HELP},
+      {"enable-lora", CM_OPT_BOOL, &s.enable_lora, NULL, MD_ENABLE_LORA_HELP},
+      {"max-lora-rank", CM_OPT_INT, &s.max_lora_rank, "N", MD_MAX_LORA_RANK_HELP, 1, 512},
       {"ssl-keyfile", CM_OPT_STR, &s.ssl_key, "FILE",
        "PEM private key: serve HTTPS (with --ssl-certfile)"},
       {"ssl-certfile", CM_OPT_STR, &s.ssl_cert, "FILE",

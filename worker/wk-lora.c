@@ -130,6 +130,10 @@ int wk_model_n_lora(const struct wk_model *m) {
   return m->n_lora;
 }
 
+int wk_model_lora_rank(const struct wk_model *m, int lora) {
+  return m->loras[lora - 1].rank;
+}
+
 void wk_lora_free(struct wk_model *m) {
   for (int i = 0; i < m->n_lora; i++)
     free(m->loras[i].w);

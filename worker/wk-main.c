@@ -487,7 +487,7 @@ int wk_worker_main(int argc, char **argv) {
   double mem_util = 0.9;
   int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, pipeline = -1, local_rank_seen = 0,
       use_mmap = 0, eager = 0;
-  int64_t join_ms = 60000;
+  int64_t join_ms = 60000, max_lora_rank = 0;
   double beat_s = 1.0;
   struct cm_strs lora_args = {0};
   struct md_lora_module loras[CM_STRS_MAX];
@@ -535,6 +535,7 @@ int wk_worker_main(int argc, char **argv) {
        "for device backends, off on the CPU, where it only delays each answer)"},
       {"mmproj", CM_OPT_STR, &mmproj, "FILE", MD_MMPROJ_HELP},
       {"lora-modules", CM_OPT_STRS, &lora_args, "NAME=PATH", MD_LORA_MODULES_HELP},
+      {"max-lora-rank", CM_OPT_INT, &max_lora_rank, "N", MD_MAX_LORA_RANK_HELP, 1, 512},
       {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
        "the vocabulary of structured outputs from DIR's tokenizer.json, as the frontend's "
        "--tokenizer (default: the checkpoint's tokenizer.json, or a GGUF file's own)"},
@@ -657,6 +658,13 @@ int wk_worker_main(int argc, char **argv) {
     if ((rc = wk_model_add_lora(m, loras[i].name, loras[i].path, err, sizeof(err)))) {
       fprintf(stderr, "lmserve worker: --lora-modules: %s\n", err);
       if (rc == CM_ERR_INVAL || rc == CM_ERR_UNSUPPORTED) status = 2;
+      goto done;
+    } else if (max_lora_rank && wk_model_lora_rank(m, i + 1) > max_lora_rank) {
+      fprintf(stderr,
+              "lmserve worker: --lora-modules: LoRA adapter %s has rank %d, above "
+              "--max-lora-rank %lld\n",
+              loras[i].name, wk_model_lora_rank(m, i + 1), (long long)max_lora_rank);
+      status = 2;
       goto done;
     }
   p.lora_sum = md_lora_list_sum(loras, n_lora);

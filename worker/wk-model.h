@@ -138,6 +138,8 @@ uint64_t wk_model_shard_sum(const struct wk_model *m);
 int wk_model_add_lora(struct wk_model *m, const char *name, const char *dir, char *err,
                       size_t errlen);
 int wk_model_n_lora(const struct wk_model *m);
+/* Adapter lora's rank (1 .. wk_model_n_lora). */
+int wk_model_lora_rank(const struct wk_model *m, int lora);
 
 /* Rows that replace token embeddings: an image's soft tokens at absolute
  * positions pos .. pos + n - 1. Only the positions a step runs are read. */

@@ -17,7 +17,8 @@
  *   (d) the prefix cache keeps each adapter's blocks apart: a long prompt asked of
  *       ad1 twice is cached the second time, and then asked of the model and of
  *       ad2 is not;
- *   (e) an adapter folder that is not one stops serve with a message naming it. */
+ *   (e) an adapter folder that is not one, or an adapter above --max-lora-rank, stops
+ *       serve with a message naming it (vLLM's --enable-lora is taken). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -303,6 +304,12 @@ static void check_bad_adapter(const char *model) {
   TH_CHECK(rc != 0);
   if (!o.err || !strstr(o.err, "LoRA adapter broken")) fprintf(stderr, "%s\n", o.err);
   TH_CHECK(o.err && strstr(o.err, "LoRA adapter broken") && strstr(o.err, "adapter_config.json"));
+  /* vLLM's --max-lora-rank: ad1 has rank 4 */
+  snprintf(mods, sizeof(mods), "ad1=%s/ad1", lora_dir);
+  rc = th_lmserve(&o, 120000, "serve", "--model", model, "--port", port, "--lora-modules", mods,
+                  "--max-lora-rank", "2", NULL);
+  TH_CHECK(rc != 0);
+  TH_CHECK(o.err && strstr(o.err, "LoRA adapter ad1 has rank 4, above --max-lora-rank 2"));
   th_out_free(&o);
 }
 
@@ -314,8 +321,8 @@ TH_TEST(api_lora) {
   snprintf(mods, sizeof(mods), "ad1=%s/ad1,ad2=%s/ad2", lora_dir, lora_dir);
   as_start(&b, 0, (char *[]){"--served-model-name", "tiny", NULL});
   as_start(&a, 0,
-           (char *[]){"--served-model-name", "tiny", "--lora-modules", mods,
-                      "--enable-prompt-tokens-details", NULL});
+           (char *[]){"--served-model-name", "tiny", "--enable-lora", "--lora-modules", mods,
+                      "--max-lora-rank", "8", "--enable-prompt-tokens-details", NULL});
   check_models(&a);
   check_greedy(&a, &b);
   check_concurrent(&a);
