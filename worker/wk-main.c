@@ -648,6 +648,12 @@ int wk_worker_main(int argc, char **argv) {
       .graph_verify_tokens = spec_dir ? (int)(1 + spec_k) : 0,
       .quantization = quant,
   };
+  const char *lora_names[CM_STRS_MAX], *lora_paths[CM_STRS_MAX];
+  for (int i = 0; i < n_lora; i++)
+    lora_names[i] = loras[i].name, lora_paths[i] = loras[i].path;
+  mo.lora_names = lora_names;
+  mo.lora_paths = lora_paths;
+  mo.n_loras = n_lora;
   if ((rc = wk_model_load(model_dir, be, &mo, &m, err, sizeof(err)))) {
     fprintf(stderr, "lmserve worker: %s\n", err);
     /* a model this build or this tensor-parallel size cannot run is a configuration error */
@@ -655,11 +661,7 @@ int wk_worker_main(int argc, char **argv) {
     goto done;
   }
   for (int i = 0; i < n_lora; i++)
-    if ((rc = wk_model_add_lora(m, loras[i].name, loras[i].path, err, sizeof(err)))) {
-      fprintf(stderr, "lmserve worker: --lora-modules: %s\n", err);
-      if (rc == CM_ERR_INVAL || rc == CM_ERR_UNSUPPORTED) status = 2;
-      goto done;
-    } else if (max_lora_rank && wk_model_lora_rank(m, i + 1) > max_lora_rank) {
+    if (max_lora_rank && wk_model_lora_rank(m, i + 1) > max_lora_rank) {
       fprintf(stderr,
               "lmserve worker: --lora-modules: LoRA adapter %s has rank %d, above "
               "--max-lora-rank %lld\n",

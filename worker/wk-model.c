@@ -1204,6 +1204,8 @@ int wk_model_load_as(const char *dir, struct kn_backend *be, const struct wk_mod
     rc = cm_fail(err, errlen, rc, "%s: out of memory for scratch buffers", dir);
     goto fail;
   }
+  for (int i = 0; i < o.n_loras; i++)
+    if ((rc = wk_model_add_lora(m, o.lora_names[i], o.lora_paths[i], err, errlen))) goto fail;
   if (o.kv_bytes == 0 && o.mem_util > 0 && m->kv.n_groups && (rc = size_pool(m, &o, err, errlen)))
     goto fail;
   int kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : 8192;

@@ -61,6 +61,12 @@ struct wk_model_opts {
   int quantization;     /* WK_QUANT_*: weights quantized at load (--quantization) */
   int fp8_reference;    /* 1: FP8 weights also where kn_fp8_weights says no, through the
                            backend's kn_matmul_fp8 (the CPU's reference: tests only) */
+  /* LoRA adapters (wk_model_add_lora) loaded before the KV pool is sized, so that a pool
+   * sized from a device's free memory sees theirs in use: adapter i + 1 is lora_names[i]
+   * from lora_paths[i] */
+  const char *const *lora_names;
+  const char *const *lora_paths;
+  int n_loras;
 };
 
 /* wk_model_opts.quantization. FP8: every linear layer's weight (attention,
