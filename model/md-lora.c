@@ -1,7 +1,8 @@
 /* md-lora.c — PEFT LoRA adapters: adapter_config.json's settings checked
  * against the plain LoRA the server applies, adapter_model.safetensors' tensor
  * names mapped to (layer, module, A or B) and their shapes checked against the
- * model's config; slices of A and B read out as f32. */
+ * model's config; slices of A and B read out as f32. A path that is a file goes
+ * to md-lora-gguf.c (llama.cpp's GGUF adapters). */
 #include "model/md-lora.h"
 
 #include <errno.h>
@@ -14,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "common/cm-err.h"
+#include "model/md-gguf.h"
 
 #define LORA_CONFIG_CAP (1u << 20) /* bytes: adapter_config.json is a few hundred */
 #define LORA_CONFIG     "adapter_config.json"
@@ -362,6 +364,18 @@ static int join(char *buf, size_t n, const char *dir, const char *name, char *er
 int md_lora_open(const char *dir, const struct md_config *cfg, struct md_lora **out, char *err,
                  size_t errlen) {
   *out = NULL;
+  struct stat sd;
+  if (!stat(dir, &sd) && !S_ISDIR(sd.st_mode)) {
+    int gguf = md_gguf_probe(dir);
+    if (gguf == 1) return md_lora_open_gguf(dir, cfg, out, err, errlen);
+    return cm_fail(err, errlen, gguf < 0 ? gguf : CM_ERR_INVAL,
+                   "%s: %s: an adapter is a PEFT folder (" LORA_CONFIG ", " LORA_WEIGHTS
+                   ") or a GGUF adapter file",
+                   dir, gguf < 0 ? "cannot be read" : "not a folder nor a GGUF file");
+  }
+  size_t dn = strlen(dir);
+  if (dn > 5 && !strcmp(dir + dn - 5, ".gguf") && stat(dir, &sd))
+    return cm_fail(err, errlen, CM_ERR_NOENT, "%s: missing (no such GGUF adapter file)", dir);
   if (!cfg || cfg->n_layers < 1 || cfg->n_layers > MD_MAX_LAYERS)
     return cm_fail(err, errlen, CM_ERR_INVAL, "%s: the model's config has no layers", dir);
   char path[4096];
@@ -478,25 +492,23 @@ int md_lora_read_f32(const struct md_tensor *t, int r0, int nr, int c0, int nc, 
   for (int i = 0; i < nr; i++) {
     size_t at = (size_t)(r0 + i) * (size_t)cols + (size_t)c0; /* elements */
     float *d = dst + (size_t)i * (size_t)nc;
+    /* element loads through memcpy: the data may sit at any address */
+    const unsigned char *s = (const unsigned char *)t->data + at * md_st_dtype_size(t->dtype);
+    uint16_t h;
     switch (t->dtype) {
-    case MD_ST_F32: {
-      const float *s = (const float *)t->data + at;
-      for (int j = 0; j < nc; j++)
-        d[j] = s[j];
+    case MD_ST_F32: memcpy(d, s, sizeof(float) * (size_t)nc); break;
+    case MD_ST_F16:
+      for (int j = 0; j < nc; j++) {
+        memcpy(&h, s + 2 * (size_t)j, 2);
+        d[j] = f16_to_f32(h);
+      }
       break;
-    }
-    case MD_ST_F16: {
-      const uint16_t *s = (const uint16_t *)t->data + at;
-      for (int j = 0; j < nc; j++)
-        d[j] = f16_to_f32(s[j]);
+    default:
+      for (int j = 0; j < nc; j++) {
+        memcpy(&h, s + 2 * (size_t)j, 2);
+        d[j] = bf16_to_f32(h);
+      }
       break;
-    }
-    default: {
-      const uint16_t *s = (const uint16_t *)t->data + at;
-      for (int j = 0; j < nc; j++)
-        d[j] = bf16_to_f32(s[j]);
-      break;
-    }
     }
     if (mul != 1.0f) /* mul 1 keeps every bit, a signalling NaN's too */
       for (int j = 0; j < nc; j++)

@@ -27,7 +27,16 @@
  * is not adapted. The shapes are checked against the model's config (the full,
  * unsharded one). Adapters on a KV-shared layer's k_proj and v_proj are kept
  * (transformers has those modules, but the layer reads another layer's K/V:
- * whether they count is the caller's to say). */
+ * whether they count is the caller's to say).
+ *
+ * A GGUF adapter file as llama.cpp's convert_lora_to_gguf.py writes it (what
+ * llama-server --lora loads; md-lora-gguf.c says what it holds and what is
+ * refused) loads into the same struct: general.type "adapter", adapter.type
+ * "lora", general.architecture the model's, tensors blk.N.attn_q.weight.lora_a
+ * (ggml's ne [in, r]) and .lora_b (ne [r, out]) and the like for attn_k, attn_v,
+ * attn_output, ffn_gate, ffn_up and ffn_down, F32, F16 or BF16; its tensors are
+ * listed as A [r, in] and B [out, r] over the same bytes. Its scale is
+ * llama.cpp's: adapter.lora.alpha / r, or 1 where the alpha is absent or 0. */
 #ifndef LMSERVE_MD_LORA_H
 #define LMSERVE_MD_LORA_H
 #include <stddef.h>
@@ -64,13 +73,18 @@ struct md_lora {
   struct md_lora_mod_w (*mods)[MD_LORA_N_MODS]; /* [n_layers] */
   char base_model[256];                         /* base_model_name_or_path, "" when absent */
   struct md_st *st;                             /* the tensors */
+  int gguf; /* 1: read from a GGUF adapter file (tensor names llama.cpp's) */
 };
 
 /* Opens the adapter in folder dir for the model cfg (Gemma 3 or Gemma 4, its
- * text config): 0, or a negative cm_err with a one-line reason in err that names
- * the file, the key or the tensor. */
+ * text config), or the GGUF adapter file dir names (any path that is not a
+ * folder: md_lora_open_gguf): 0, or a negative cm_err with a one-line reason in
+ * err that names the file, the key or the tensor. */
 int md_lora_open(const char *dir, const struct md_config *cfg, struct md_lora **out, char *err,
                  size_t errlen);
+/* The same for the GGUF adapter file at path, whatever its name. */
+int md_lora_open_gguf(const char *path, const struct md_config *cfg, struct md_lora **out,
+                      char *err, size_t errlen);
 void md_lora_close(struct md_lora *l);
 
 /* The input and output widths module `mod` of layer `layer` has in the full model
@@ -83,7 +97,8 @@ int md_lora_dims(const struct md_config *cfg, int layer, enum md_lora_mod mod, i
 
 /* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of a 2-D F32, F16 or BF16
  * tensor as f32, row-major into dst [nr, nc], times `mul` (mul 1: every value
- * exactly, bit for bit). 0 (nothing written for an empty slice), CM_ERR_RANGE
+ * exactly, bit for bit); the tensor's data need not be aligned (a GGUF file's
+ * general.alignment may be 1). 0 (nothing written for an empty slice), CM_ERR_RANGE
  * for a slice outside the tensor, CM_ERR_INVAL for another dtype or rank. */
 int md_lora_read_f32(const struct md_tensor *t, int r0, int nr, int c0, int nc, float mul,
                      float *dst);

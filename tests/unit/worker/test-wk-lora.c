@@ -12,7 +12,10 @@
  *     adapter against the checkpoint with the adapter merged into its weights
  *     (tests/reference/merge_lora.py, W + scale B A in float64);
  *   - an adapter that does not fit the model is refused naming the tensor, and the
- *     model goes on without it. */
+ *     model goes on without it;
+ *   - a PEFT adapter and its GGUF file as llama.cpp's converter writes it
+ *     (tests/reference/lora_to_gguf.py), both loaded into one model, give the same
+ *     logits bits (f32, and an f16 folder with its f16 file). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -282,8 +285,13 @@ TH_TEST(lora_batch_bits) {
   TH_CHECK(memcmp(out, alone[0], sizeof(float) * (size_t)len[0] * f.V) == 0);
   TH_CHECK(memcmp(out + (size_t)len[0] * f.V, alone[0], sizeof(float) * (size_t)len[0] * f.V) == 0);
   free(out);
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < 3; i++) {
     free(alone[i]);
+    wk_seq_blocks_release(&s[i].blk, f.kv, &f.pa);
+  }
+  wk_seq_blocks_release(&c.blk, f.kv, &f.pa);
+  for (int i = 0; i < 2; i++)
+    wk_seq_blocks_release(&d[i].blk, f.kv, &f.pa);
   teardown(&f);
 }
 
@@ -369,5 +377,51 @@ TH_TEST(lora_refused_model_goes_on) {
   TH_CHECK(wk_model_forward(f.m, &b, err, sizeof(err)) == CM_ERR_RANGE);
   TH_CHECK(strstr(err, "LoRA adapter 1") != NULL);
   free(out);
+  wk_seq_blocks_release(&s.blk, f.kv, &f.pa);
+  teardown(&f);
+}
+
+/* A GGUF adapter (llama.cpp's layout) runs as the PEFT folder it was converted from:
+ * the same values reach the same kernels, so every logit keeps its bits. */
+TH_TEST(lora_gguf_file_runs_as_its_peft_folder) {
+  struct fx f;
+  setup(&f, "gemma3");
+  char conv[4200];
+  script(conv, sizeof(conv), "lora_to_gguf.py");
+  static const struct {
+    const char *name, *gname, *dtype, *outtype;
+  } kinds[] = {{"p32", "g32", "f32", "f32"}, {"p16", "g16", "f16", "f16"}};
+  char peft[2][4200], gguf[2][4200];
+  for (int k = 0; k < 2; k++) {
+    make_adapter(&f, kinds[k].name, peft[k], sizeof(peft[k]),
+                 (char *[]){"--rank", "4", "--alpha", "16", "--std-b", "0.05", "--dtype",
+                            (char *)kinds[k].dtype, "--seed", "6", NULL});
+    snprintf(gguf[k], sizeof(gguf[k]), "%s.gguf", peft[k]);
+    py(&f, (char *[]){conv, peft[k], gguf[k], "--arch", "gemma3", "--outtype",
+                      (char *)kinds[k].outtype, NULL});
+    add_lora(&f, kinds[k].name, peft[k]);  /* adapter 2k + 1 */
+    add_lora(&f, kinds[k].gname, gguf[k]); /* adapter 2k + 2 */
+  }
+  TH_CHECK(wk_model_n_lora(f.m) == 4);
+  int32_t ids[MAX_T];
+  int T = 40;
+  prompt(ids, T, f.V, 31);
+  size_t n = (size_t)T * f.V;
+  float *base = run_alone(&f, ids, T, 0);
+  for (int k = 0; k < 2; k++) {
+    float *p = run_alone(&f, ids, T, 2 * k + 1), *g = run_alone(&f, ids, T, 2 * k + 2);
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++)
+      diff += memcmp(&p[i], &g[i], sizeof(float)) != 0;
+    double moved = wkt_rel_err(base, p, n);
+    printf("%s: GGUF file against its PEFT folder: %zu of %zu logits differ; the adapter moves "
+           "the base model's by %.3g of the range\n",
+           kinds[k].name, diff, n, moved);
+    TH_CHECK_EQ_INT(diff, 0);
+    TH_CHECK(moved > 100 * LOGIT_TOL);
+    free(p);
+    free(g);
+  }
+  free(base);
   teardown(&f);
 }
