@@ -9,7 +9,7 @@
 #define MD_LORA_NAME_MAX 128
 
 #define MD_LORA_MODULES_HELP                                                                       \
-  "serve LoRA adapter PATH (PEFT's adapter_config.json and adapter_model.safetensors) as "         \
+  "serve LoRA adapter PATH (a PEFT folder, or llama.cpp's GGUF adapter file) as "                 \
   "model NAME: a request naming NAME runs with it; repeated or comma-separated, in the same "      \
   "order on every role"
 

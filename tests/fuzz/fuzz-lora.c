@@ -1,11 +1,13 @@
 /* fuzz-lora.c — fuzz target for LoRA adapters (model/md-lora.c), an untrusted folder
  * a server is started with.
  *
- * Input: byte 0 picks the model the adapter is checked against (even: a tiny Gemma 3,
- * odd: a tiny Gemma 4 with k_eq_v and KV-shared layers); bytes 1-2 (little-endian) are
- * the length of adapter_config.json's text, which follows; the rest is
- * adapter_model.safetensors. Both are written to a folder of this process and opened
- * with md_lora_open. It must return 0 or a negative cm_err with a message; an adapter
+ * Input: byte 0's low bit picks the model the adapter is checked against (0: a tiny
+ * Gemma 3, 1: a tiny Gemma 4 with k_eq_v and KV-shared layers), its next bit the kind
+ * of adapter:
+ *   0, a PEFT folder: bytes 1-2 (little-endian) are the length of adapter_config.json's
+ *      text, which follows; the rest is adapter_model.safetensors;
+ *   1, llama.cpp's GGUF adapter file (md-lora-gguf.c): the rest.
+ * They are written to a folder of this process and opened with md_lora_open. It must return 0 or a negative cm_err with a message; an adapter
  * that opens must have every module's A [r, in] and B [out, r] in the model's widths,
  * readable whole with md_lora_read_f32. Any other outcome aborts (a finding). */
 #include <stdint.h>
@@ -67,14 +69,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 3) return 0;
   if (!cfgs[0]) once();
   const struct md_config *cfg = cfgs[data[0] & 1];
-  size_t clen = (size_t)data[1] | (size_t)data[2] << 8;
-  if (clen > size - 3) clen = size - 3;
-  if (write_file("adapter_config.json", data + 3, clen) ||
-      write_file("adapter_model.safetensors", data + 3 + clen, size - 3 - clen))
-    return 0;
+  char path[300];
+  if (data[0] & 2) {
+    snprintf(path, sizeof(path), "%s/adapter.gguf", dir);
+    if (write_file("adapter.gguf", data + 1, size - 1)) return 0;
+  } else {
+    snprintf(path, sizeof(path), "%s", dir);
+    size_t clen = (size_t)data[1] | (size_t)data[2] << 8;
+    if (clen > size - 3) clen = size - 3;
+    if (write_file("adapter_config.json", data + 3, clen) ||
+        write_file("adapter_model.safetensors", data + 3 + clen, size - 3 - clen))
+      return 0;
+  }
   struct md_lora *l = NULL;
   char err[512] = "";
-  int rc = md_lora_open(dir, cfg, &l, err, sizeof(err));
+  int rc = md_lora_open(path, cfg, &l, err, sizeof(err));
   if (rc > 0 || (rc < 0 && (rc <= CM_ERR__LAST || !err[0]))) abort();
   if (rc) return 0;
   if (l->rank < 1 || l->rank > MD_LORA_MAX_RANK || l->n_layers != cfg->n_layers) abort();
