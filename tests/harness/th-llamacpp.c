@@ -17,6 +17,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+void th_llamacpp_prompts(char prompts[3][1024], char *all) {
+  snprintf(prompts[0], 1024, "[2,651,1234,99,5000]");
+  snprintf(prompts[1], 1024, "[2,7000,7001,7002,8000,123,4567,10,11,12]");
+  int len = snprintf(prompts[2], 1024, "[2");
+  for (int i = 1; i < 100; i++)
+    len +=
+        snprintf(prompts[2] + len, 1024 - (size_t)len, ",%d", (int)((i * 7919u + 17u) % 262000u));
+  snprintf(prompts[2] + len, 1024 - (size_t)len, "]");
+  snprintf(all, 4096, "[%s,%s,%s]", prompts[0], prompts[1], prompts[2]);
+}
+
 struct quantize_params {
   int32_t nthread;
   int ftype;                /* enum llama_ftype */

@@ -23,4 +23,9 @@ const char *th_llamacpp_lib(void);
  * in err. */
 int th_llamacpp_quantize(const char *in, const char *out, int ftype, char *err, size_t errlen);
 
+/* The llama.cpp comparisons' three prompts (token ids; the first is <bos>): short,
+ * short, and 100 tokens (past the tiny models' 64-token window), as JSON arrays, and
+ * all[4096] the three in one array. */
+void th_llamacpp_prompts(char prompts[3][1024], char *all);
+
 #endif

@@ -653,6 +653,31 @@ const char *th_require_numpy(const char *what, const char *script) {
   TH_SKIP(why);
 }
 
+int th_reference_run(const char *python, const char *script, char *const *args, char *log,
+                     size_t n) {
+  char path[1024], *argv[24];
+  snprintf(path, sizeof(path), "%s/reference/%s", th_tests_dir(), script);
+  int k = 0;
+  argv[k++] = (char *)python;
+  argv[k++] = path;
+  for (int i = 0; args && args[i]; i++) {
+    TH_REQUIRE(k < 22); /* at most 20 arguments */
+    argv[k++] = args[i];
+  }
+  argv[k] = NULL;
+  return cm_run_capture(argv, log, n);
+}
+
+void th_reference_at(const char *file, int line, const char *python, const char *script,
+                     char *const *args) {
+  char log[8192] = "";
+  int rc = th_reference_run(python, script, args, log, sizeof(log));
+  if (rc) {
+    th_fail(file, line, "tests/reference/%s exited with %d:\n%s", script, rc, log);
+    th_stop();
+  }
+}
+
 int th_npm_has(const char *name) {
   const char *src = getenv("TH_SOURCE_DIR");
   char pkg[1024];

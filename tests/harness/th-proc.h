@@ -160,6 +160,18 @@ int th_npm_has(const char *name);
  * `what` is not checked against tests/reference/SCRIPT. */
 const char *th_require_numpy(const char *what, const char *script);
 
+/* Runs `PYTHON tests/reference/SCRIPT ARGS...` (args NULL-terminated, at most 20; python
+ * from th_require_numpy): its exit status (a negative cm_err when it could not run),
+ * what it wrote to stdout and stderr into log[n]. */
+int th_reference_run(const char *python, const char *script, char *const *args, char *log,
+                     size_t n);
+/* The same, failing the test at file:line with its output and stopping it unless the
+ * script exits 0. */
+void th_reference_at(const char *file, int line, const char *python, const char *script,
+                     char *const *args);
+#define th_reference(python, script, ...)                                                          \
+  th_reference_at(__FILE__, __LINE__, (python), (script), (char *[]){__VA_ARGS__, NULL})
+
 /* Runs `node --test-reporter=spec SCRIPT` (`node SCRIPT`, whose report is TAP, before
  * node 20) with env added, its output going into the test's log, and checks (as test
  * checks) that it exits 0 within timeout_ms, naming the script when it does not. */

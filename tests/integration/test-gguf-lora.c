@@ -23,6 +23,7 @@
 
 #include "common/cm-proc.h"
 #include "tests/harness/th-http.h"
+#include "tests/harness/th-llamacpp.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 
@@ -57,19 +58,7 @@ static void need_llamacpp(char *dir) {
 }
 
 static void py(const char *python, const char *script, char *const *args) {
-  char path[512], log[8192], *argv[24];
-  snprintf(path, sizeof(path), "%s/reference/%s", th_tests_dir(), script);
-  int n = 0;
-  argv[n++] = (char *)python;
-  argv[n++] = path;
-  for (int i = 0; args[i] && n < 23; i++)
-    argv[n++] = args[i];
-  argv[n] = NULL;
-  int rc = cm_run_capture(argv, log, sizeof(log));
-  if (rc) {
-    th_fail(__FILE__, __LINE__, "%s exited with %d:\n%s", script, rc, log);
-    th_stop();
-  }
+  th_reference_at(__FILE__, __LINE__, python, script, args);
 }
 
 /* The integers of the JSON array at s into ids[max]; their count. */
@@ -166,19 +155,6 @@ static int changed(int a[N_PROMPTS][N_GEN], int b[N_PROMPTS][N_GEN]) {
   return n;
 }
 
-/* The three prompts: short, short, and 100 tokens (past the 64-token window), as JSON
- * arrays; all[4096] the three in one array. */
-static void three_prompts(char prompts[N_PROMPTS][1024], char *all) {
-  snprintf(prompts[0], 1024, "[2,651,1234,99,5000]");
-  snprintf(prompts[1], 1024, "[2,7000,7001,7002,8000,123,4567,10,11,12]");
-  int len = snprintf(prompts[2], 1024, "[2");
-  for (int i = 1; i < 100; i++)
-    len +=
-        snprintf(prompts[2] + len, 1024 - (size_t)len, ",%d", (int)((i * 7919u + 17u) % 262000u));
-  snprintf(prompts[2] + len, 1024 - (size_t)len, "]");
-  snprintf(all, 4096, "[%s,%s,%s]", prompts[0], prompts[1], prompts[2]);
-}
-
 /* The models: Gemma 3; Gemma 4 tiny-dense; Gemma 4 tiny-e (K as V on full layers, so no
  * attn_v adapter there; KV-shared layers, whose k and v take none; per-layer inputs).
  * lp_tol: how far lmserve's log probabilities may lie from llama.cpp's where the tokens
@@ -220,7 +196,7 @@ static void side_by_side(const char *dir, const char *python, const struct model
      (char *[]){peft, a16, "--arch", (char *)md->arch, "--outtype", "f16", NULL});
 
   char prompts[N_PROMPTS][1024], all[4096];
-  three_prompts(prompts, all);
+  th_llamacpp_prompts(prompts, all);
   static int theirs[N_ADAPTERS][N_PROMPTS][N_GEN], ours[N_ADAPTERS][N_PROMPTS][N_GEN];
   static double gaps[N_ADAPTERS][N_PROMPTS][N_GEN], their_lp[N_ADAPTERS][N_PROMPTS][N_GEN],
       our_lp[N_ADAPTERS][N_PROMPTS][N_GEN];

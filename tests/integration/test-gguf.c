@@ -115,19 +115,6 @@ static void llamacpp_generate(const char *dir, const char *gguf, const char *pro
   llamacpp_generate_gaps(dir, gguf, prompts, n_prompts, got, NULL);
 }
 
-/* The llama.cpp comparisons' prompts: short, short, and 100 tokens (past the
- * 64-token window), as JSON arrays; all[4096] the three in one array. */
-static void three_prompts(char prompts[3][1024], char *all) {
-  snprintf(prompts[0], 1024, "[2,651,1234,99,5000]");
-  snprintf(prompts[1], 1024, "[2,7000,7001,7002,8000,123,4567,10,11,12]");
-  int len = snprintf(prompts[2], 1024, "[2");
-  for (int i = 1; i < 100; i++)
-    len +=
-        snprintf(prompts[2] + len, 1024 - (size_t)len, ",%d", (int)((i * 7919u + 17u) % 262000u));
-  snprintf(prompts[2] + len, 1024 - (size_t)len, "]");
-  snprintf(all, 4096, "[%s,%s,%s]", prompts[0], prompts[1], prompts[2]);
-}
-
 TH_TEST(llamacpp_generates_what_lmserve_does_from_the_export) {
   th_proc_init(900);
   char dir[1024];
@@ -145,7 +132,7 @@ TH_TEST(llamacpp_generates_what_lmserve_does_from_the_export) {
   /* three prompts: short, short, and 100 tokens (past the 64-token window) */
   enum { N_PROMPTS = 3 };
   char prompts[N_PROMPTS][1024], all[4096];
-  three_prompts(prompts, all);
+  th_llamacpp_prompts(prompts, all);
 
   int ours[N_PROMPTS][N_GEN], theirs[N_PROMPTS][N_GEN];
   for (int p = 0; p < N_PROMPTS; p++) {
@@ -211,7 +198,7 @@ TH_TEST(llamacpp_runs_gemma4_exports_as_lmserve_does) {
   } presets[] = {{"tiny-e", 0}, {"tiny-dense", 0}, {"tiny-dense", 1}};
   enum { N_PROMPTS = 3 };
   char prompts[N_PROMPTS][1024], all[4096];
-  three_prompts(prompts, all);
+  th_llamacpp_prompts(prompts, all);
   struct th_out o = {0};
   for (size_t pi = 0; pi < sizeof(presets) / sizeof(presets[0]); pi++) {
     char model[300], f32[300], bf16[300], q8[300], name[64];

@@ -34,19 +34,7 @@
 static const char *python;
 
 static void run_py(const char *script, char *const *args) {
-  char path[512], log[8192], *argv[24];
-  snprintf(path, sizeof(path), "%s/reference/%s", th_tests_dir(), script);
-  int n = 0;
-  argv[n++] = (char *)python;
-  argv[n++] = path;
-  for (int i = 0; args[i] && n < 23; i++)
-    argv[n++] = args[i];
-  argv[n] = NULL;
-  int rc = cm_run_capture(argv, log, sizeof(log));
-  if (rc) {
-    th_fail(__FILE__, __LINE__, "%s exited with %d:\n%s", script, rc, log);
-    th_stop();
-  }
+  th_reference_at(__FILE__, __LINE__, python, script, args);
 }
 
 static void make_ad1(const char *model, const char *out) {

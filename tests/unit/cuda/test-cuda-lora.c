@@ -80,17 +80,12 @@ static void step(struct side *s, const int32_t (*tok)[PRE + STEPS + 2], int s0, 
 }
 
 static void check_arch(struct kn_backend *dev, const char *python, const char *arch) {
-  char dir[256], ad[2][4200], mk[4200], log[4096];
+  char dir[256], ad[2][4200];
   TH_REQUIRE(wkt_make_model(dir, sizeof(dir), arch, 0, 0, MD_ST_F32, 41) == 0);
-  snprintf(mk, sizeof(mk), "%s/reference/make_lora.py", th_tests_dir());
   for (int i = 0; i < 2; i++) {
     snprintf(ad[i], sizeof(ad[i]), "%s/ad%d", dir, i);
-    char *argv[] = {(char *)python, mk,     dir,      ad[i],         "--rank", i ? "16" : "4",
-                    "--std-b",      "0.05", "--seed", i ? "2" : "1", NULL};
-    if (cm_run_capture(argv, log, sizeof(log))) {
-      th_fail(__FILE__, __LINE__, "make_lora.py: %s", log);
-      th_stop();
-    }
+    th_reference(python, "make_lora.py", dir, ad[i], "--rank", i ? "16" : "4", "--std-b", "0.05",
+                 "--seed", i ? "2" : "1");
   }
   struct kn_backend *cpu = wkt_cpu_backend(2);
   struct side d, c;

@@ -79,31 +79,8 @@ static void model(const char *name, const char *config, char *dir, size_t n,
   }
 }
 
-/* tests/reference/SCRIPT ARGS... (NULL-terminated) with python: its exit status,
- * stderr into err[n]. */
-static int py_run(const char *python, const char *script, char *const *args, char *err, size_t n) {
-  char path[512], *argv[24], *out = NULL, *e = NULL;
-  snprintf(path, sizeof(path), "%s/reference/%s", th_tests_dir(), script);
-  int k = 0;
-  argv[k++] = (char *)python;
-  argv[k++] = path;
-  for (int i = 0; args[i] && k < 23; i++)
-    argv[k++] = args[i];
-  argv[k] = NULL;
-  int rc = th_run(argv, NULL, NULL, 0, 120000, &out, &e);
-  snprintf(err, n, "%s", e ? e : "");
-  free(out);
-  free(e);
-  return rc;
-}
-
 static void py(const char *python, const char *script, char *const *args) {
-  char err[2048];
-  int rc = py_run(python, script, args, err, sizeof(err));
-  if (rc) {
-    th_fail(__FILE__, __LINE__, "%s %s ...: exit %d: %s", script, args[0], rc, err);
-    th_stop();
-  }
+  th_reference_at(__FILE__, __LINE__, python, script, args);
 }
 
 static struct md_lora *open_ok(int line, const char *path, const struct md_config *cfg) {
@@ -504,8 +481,8 @@ TH_TEST(lora_gguf_refusals) {
   char rs[512], err[1024];
   path_in(rs, sizeof(rs), "rs");
   py(python, "make_lora.py", (char *[]){g3, rs, "--rslora", NULL});
-  TH_CHECK(py_run(python, "lora_to_gguf.py", (char *[]){rs, bad, "--arch", "gemma3", NULL}, err,
-                  sizeof(err)) == 2 &&
+  TH_CHECK(th_reference_run(python, "lora_to_gguf.py",
+                            (char *[]){rs, bad, "--arch", "gemma3", NULL}, err, sizeof(err)) == 2 &&
            strstr(err, "use_rslora"));
 }
 

@@ -43,37 +43,22 @@ struct fx {
   int V;
 };
 
-static void py(struct fx *f, char *const *args) {
-  char log[8192], *argv[32];
-  int n = 0;
-  argv[n++] = (char *)f->python;
-  for (; args[n - 1] && n < 31; n++)
-    argv[n] = args[n - 1];
-  argv[n] = NULL;
-  int rc = cm_run_capture(argv, log, sizeof(log));
-  if (rc) {
-    th_fail(__FILE__, __LINE__, "%s exited with %d:\n%s", args[0], rc, log);
-    th_stop();
-  }
-}
-
-static void script(char *out, size_t n, const char *name) {
-  snprintf(out, n, "%s/reference/%s", th_tests_dir(), name);
+/* tests/reference/SCRIPT ARGS... (NULL-terminated), which must exit 0. */
+static void py(struct fx *f, const char *script, char *const *args) {
+  th_reference_at(__FILE__, __LINE__, f->python, script, args);
 }
 
 /* An adapter for the model in f->dir, made by make_lora.py with args, in dir/name. */
 static void make_adapter(struct fx *f, const char *name, char *path, size_t n, char *const *args) {
-  char mk[4200];
-  script(mk, sizeof(mk), "make_lora.py");
   snprintf(path, n, "%s/%s", f->dir, name);
-  char *argv[24] = {mk, f->dir, path};
-  int k = 3;
-  while (args && args[k - 3] && k < 23) {
-    argv[k] = args[k - 3];
+  char *argv[24] = {f->dir, path};
+  int k = 2;
+  while (args && args[k - 2] && k < 23) {
+    argv[k] = args[k - 2];
     k++;
   }
   argv[k] = NULL;
-  py(f, argv);
+  py(f, "make_lora.py", argv);
 }
 
 static void load(struct fx *f, const char *dir, int max_seqs) {
@@ -181,15 +166,13 @@ static float *run_alone(struct fx *f, const int32_t *ids, int n, int lora) {
 
 /* gemma3_mm_ref.py's logits for ids[0, n), with the adapter in lora_dir (NULL: none). */
 static float *run_reference(struct fx *f, const int32_t *ids, int n, const char *lora_dir) {
-  char ids_path[4200], out_path[4200], ref[4200];
+  char ids_path[4200], out_path[4200];
   snprintf(ids_path, sizeof(ids_path), "%s/ids.i32", f->dir);
   snprintf(out_path, sizeof(out_path), "%s/reference.f32", f->dir);
-  script(ref, sizeof(ref), "gemma3_mm_ref.py");
   TH_REQUIRE(wkt_write_file(ids_path, ids, (size_t)n * sizeof(int32_t)) == 0);
-  char *argv[] = {
-      ref, f->dir, ids_path, ids_path, "0", out_path, lora_dir ? "--lora" : NULL, (char *)lora_dir,
-      NULL};
-  py(f, argv);
+  char *argv[] = {f->dir,           ids_path, ids_path, "0", out_path, lora_dir ? "--lora" : NULL,
+                  (char *)lora_dir, NULL};
+  py(f, "gemma3_mm_ref.py", argv);
   float *want = malloc(sizeof(float) * (size_t)n * f->V);
   TH_REQUIRE(want && wkt_read_f32(out_path, want, (size_t)n * f->V) == 0);
   return want;
@@ -306,7 +289,7 @@ TH_TEST(lora_gemma4_against_merged) {
   }
   printf("gemma4 tiny: %d layers, %d KV-shared, %d with k_eq_v, per-layer inputs %d\n", c->n_layers,
          shared, keqv, c->ple_dim);
-  char a[4200], merged[4200], mg[4200];
+  char a[4200], merged[4200];
   make_adapter(&f, "g4", a, sizeof(a),
                (char *[]){"--rank", "4", "--std-b", "0.05", "--seed", "5", NULL});
   add_lora(&f, "g4", a);
@@ -332,8 +315,7 @@ TH_TEST(lora_gemma4_against_merged) {
   for (int i = 0; i < 2; i++)
     wk_seq_blocks_release(&s[i].blk, f.kv, &f.pa);
   snprintf(merged, sizeof(merged), "%s/merged", f.dir);
-  script(mg, sizeof(mg), "merge_lora.py");
-  py(&f, (char *[]){mg, f.dir, a, merged, NULL});
+  py(&f, "merge_lora.py", (char *[]){f.dir, a, merged, NULL});
   unload(&f);
   load(&f, merged, 4);
   float *want = run_alone(&f, ids, T, 0);
@@ -386,8 +368,6 @@ TH_TEST(lora_refused_model_goes_on) {
 TH_TEST(lora_gguf_file_runs_as_its_peft_folder) {
   struct fx f;
   setup(&f, "gemma3");
-  char conv[4200];
-  script(conv, sizeof(conv), "lora_to_gguf.py");
   static const struct {
     const char *name, *gname, *dtype, *outtype;
   } kinds[] = {{"p32", "g32", "f32", "f32"}, {"p16", "g16", "f16", "f16"}};
@@ -397,8 +377,9 @@ TH_TEST(lora_gguf_file_runs_as_its_peft_folder) {
                  (char *[]){"--rank", "4", "--alpha", "16", "--std-b", "0.05", "--dtype",
                             (char *)kinds[k].dtype, "--seed", "6", NULL});
     snprintf(gguf[k], sizeof(gguf[k]), "%s.gguf", peft[k]);
-    py(&f, (char *[]){conv, peft[k], gguf[k], "--arch", "gemma3", "--outtype",
-                      (char *)kinds[k].outtype, NULL});
+    py(&f, "lora_to_gguf.py",
+       (char *[]){peft[k], gguf[k], "--arch", "gemma3", "--outtype", (char *)kinds[k].outtype,
+                  NULL});
     add_lora(&f, kinds[k].name, peft[k]);  /* adapter 2k + 1 */
     add_lora(&f, kinds[k].gname, gguf[k]); /* adapter 2k + 2 */
   }
