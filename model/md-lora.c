@@ -126,6 +126,27 @@ static const struct {
 
 /* adapter_config.json's text into l's rank, alpha, rslora, scale and base
  * model; missing settings take LoraConfig's defaults (r 8, lora_alpha 8). */
+
+/* Key `key` of root when present and not null, in *v (NULL otherwise): 0, or
+ * CM_ERR_PARSE naming the key when its type is not `want` (JSON_INTEGER, JSON_STRING;
+ * JSON_REAL: any number; JSON_TRUE: a boolean). */
+static int typed(json_t *root, const char *key, json_type want, const json_t **v, char *err,
+                 size_t errlen) {
+  json_t *x = json_object_get(root, key);
+  *v = NULL;
+  if (!x || json_is_null(x)) return 0;
+  int ok = want == JSON_REAL   ? json_is_number(x)
+           : want == JSON_TRUE ? json_is_boolean(x)
+                               : json_typeof(x) == want;
+  if (!ok)
+    return cm_fail(err, errlen, CM_ERR_PARSE, LORA_CONFIG ": %s is not %s", key,
+                   want == JSON_INTEGER  ? "an integer"
+                   : want == JSON_STRING ? "a string"
+                   : want == JSON_REAL   ? "a number"
+                                         : "a boolean");
+  *v = x;
+  return 0;
+}
 static int parse_config(const char *text, size_t len, struct md_lora *l, char *err, size_t errlen) {
   json_error_t jerr;
   json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -155,66 +176,34 @@ static int parse_config(const char *text, size_t len, struct md_lora *l, char *e
                    refused_keys[i].key, refused_keys[i].why);
       goto done;
     }
-  v = json_object_get(root, "bias");
-  if (v && !json_is_null(v)) {
-    if (!json_is_string(v)) {
-      rc = cm_fail(err, errlen, CM_ERR_PARSE, LORA_CONFIG ": bias is not a string");
-      goto done;
-    }
-    if (strcmp(json_string_value(v), "none")) {
-      rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   LORA_CONFIG ": bias is \"%.40s\": only \"none\" is supported (trained biases "
-                               "of the base layers are not)",
-                   json_string_value(v));
-      goto done;
-    }
+  if ((rc = typed(root, "bias", JSON_STRING, &v, err, errlen))) goto done;
+  if (v && strcmp(json_string_value(v), "none")) {
+    rc = cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                 LORA_CONFIG ": bias is \"%.40s\": only \"none\" is supported (trained biases "
+                             "of the base layers are not)",
+                 json_string_value(v));
+    goto done;
   }
 
   long long r = 8;
-  v = json_object_get(root, "r");
-  if (v && !json_is_null(v)) {
-    if (!json_is_integer(v)) {
-      rc = cm_fail(err, errlen, CM_ERR_PARSE, LORA_CONFIG ": r is not an integer");
-      goto done;
-    }
-    r = json_integer_value(v);
-  }
+  if ((rc = typed(root, "r", JSON_INTEGER, &v, err, errlen))) goto done;
+  if (v) r = json_integer_value(v);
   if (r < 1 || r > MD_LORA_MAX_RANK) {
     rc = cm_fail(err, errlen, CM_ERR_RANGE, LORA_CONFIG ": r = %lld outside [1, %d]", r,
                  MD_LORA_MAX_RANK);
     goto done;
   }
   double alpha = 8;
-  v = json_object_get(root, "lora_alpha");
-  if (v && !json_is_null(v)) {
-    if (!json_is_number(v)) {
-      rc = cm_fail(err, errlen, CM_ERR_PARSE, LORA_CONFIG ": lora_alpha is not a number");
-      goto done;
-    }
-    alpha = json_number_value(v);
-  }
+  if ((rc = typed(root, "lora_alpha", JSON_REAL, &v, err, errlen))) goto done;
+  if (v) alpha = json_number_value(v);
   if (!isfinite(alpha)) {
     rc = cm_fail(err, errlen, CM_ERR_RANGE, LORA_CONFIG ": lora_alpha is not finite");
     goto done;
   }
-  int rslora = 0;
-  v = json_object_get(root, "use_rslora");
-  if (v && !json_is_null(v)) {
-    if (!json_is_boolean(v)) {
-      rc = cm_fail(err, errlen, CM_ERR_PARSE, LORA_CONFIG ": use_rslora is not a boolean");
-      goto done;
-    }
-    rslora = json_is_true(v);
-  }
-  v = json_object_get(root, "base_model_name_or_path");
-  if (v && !json_is_null(v)) {
-    if (!json_is_string(v)) {
-      rc = cm_fail(err, errlen, CM_ERR_PARSE,
-                   LORA_CONFIG ": base_model_name_or_path is not a string");
-      goto done;
-    }
-    snprintf(l->base_model, sizeof(l->base_model), "%s", json_string_value(v));
-  }
+  if ((rc = typed(root, "use_rslora", JSON_TRUE, &v, err, errlen))) goto done;
+  int rslora = v && json_is_true(v);
+  if ((rc = typed(root, "base_model_name_or_path", JSON_STRING, &v, err, errlen))) goto done;
+  if (v) snprintf(l->base_model, sizeof(l->base_model), "%s", json_string_value(v));
   l->rank = (int)r;
   l->alpha = alpha;
   l->rslora = rslora;
