@@ -293,8 +293,8 @@ static int project_qkv(struct wk_model *m, const struct wk_layer_w *w, const str
     K(wk_linear(m, m->k, kvd, m->h, H, &w->wk, T));
     if (with_v) K(wk_linear(m, m->v, kvd, m->h, H, &w->wv, T));
   }
-  if (m->n_lora_run) K(wk_lora_apply(m, layer, MD_LORA_Q, m->q, qd, m->h, H));
   if (m->n_lora_run) {
+    K(wk_lora_apply(m, layer, MD_LORA_Q, m->q, qd, m->h, H));
     K(wk_lora_apply(m, layer, MD_LORA_K, m->k, kvd, m->h, H));
     if (with_v) K(wk_lora_apply(m, layer, MD_LORA_V, m->v, kvd, m->h, H));
   }
