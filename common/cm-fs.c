@@ -104,3 +104,8 @@ int cm_rmtree(const char *path) {
   if (t_first_err) errno = t_first_errno;
   return t_first_err;
 }
+
+const char *cm_base_name(const char *path) {
+  const char *b = strrchr(path, '/');
+  return b ? b + 1 : path;
+}

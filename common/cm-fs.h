@@ -1,5 +1,6 @@
 /* cm-fs.h — making and removing folder trees without a shell: what
- * `mkdir -p` and `rm -rf` do, with system calls and cm_err codes.
+ * `mkdir -p` and `rm -rf` do, with system calls and cm_err codes; and a
+ * path's last component.
  *
  * Both return 0 or a negative cm_err (cm-err.h) and leave errno as the
  * failing system call set it, so a caller can log strerror(errno). */
@@ -22,5 +23,8 @@ int cm_mkdir_p(const char *path, mode_t mode);
  * the walk goes on removing what it can and the first error is returned:
  * CM_ERR_INVAL (empty path), CM_ERR_NOENT, CM_ERR_NOMEM or CM_ERR_IO. */
 int cm_rmtree(const char *path);
+
+/* The last component of path (after its last '/'; path itself without one). */
+const char *cm_base_name(const char *path);
 
 #endif

@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-fs.h"
 #include "model/md-gguf.h"
 #include "model/md-lora.h"
 
@@ -42,11 +43,6 @@
 static const char *const gguf_mods[MD_LORA_N_MODS] = {
     "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
 };
-
-static const char *base_name(const char *path) {
-  const char *b = strrchr(path, '/');
-  return b ? b + 1 : path;
-}
 
 static void close_gguf(void *g) {
   md_gguf_close(g);
@@ -254,7 +250,7 @@ int md_lora_open_gguf(const char *path, const struct md_config *cfg, struct md_l
     return rc;
   }
   struct md_lora *l = calloc(1, sizeof(*l));
-  if (!l || md_st_new(base_name(path), close_gguf, g, &l->st)) {
+  if (!l || md_st_new(cm_base_name(path), close_gguf, g, &l->st)) {
     free(l);
     md_gguf_close(g);
     return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-fs.h"
 #include "model/md-config.h"
 #include "model/md-gguf.h"
 #include "model/md-safetensors.h"
@@ -357,11 +358,6 @@ static int add_part(struct md_st *st, const struct md_gguf *g, const struct md_g
   return 0;
 }
 
-static const char *base_name(const char *path) {
-  const char *b = strrchr(path, '/');
-  return b ? b + 1 : path;
-}
-
 /* Opens parts 1 .. count - 1 of the model whose first part (path) is s->g[0],
  * each checked to be the part its name says, and adds their tensors; then
  * checks the first part's split.tensors.count against them all. */
@@ -384,7 +380,7 @@ static int add_parts(struct md_st *st, struct gguf_parts *s, const char *path, i
       return cm_fail(err, errlen, CM_ERR_PARSE,
                      "%s: its split.no and split.count say part %d of %d, its name part %d of %d",
                      p, no + 1, n, i + 1, count);
-    if (md_st_add_file(st, base_name(p)))
+    if (md_st_add_file(st, cm_base_name(p)))
       return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
     rc = add_part(st, s->g[i], s->g[0], err, errlen);
   }
@@ -413,7 +409,7 @@ int md_st_open_gguf(const char *path, struct md_st **out, char *err, size_t errl
   }
   struct gguf_parts *s = calloc(1, sizeof(*s) + sizeof(s->g[0]) * (size_t)count);
   struct md_st *st = NULL;
-  if (!s || md_st_new(base_name(path), close_parts, s, &st)) {
+  if (!s || md_st_new(cm_base_name(path), close_parts, s, &st)) {
     free(s);
     md_gguf_close(g);
     return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
