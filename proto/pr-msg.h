@@ -351,11 +351,12 @@ struct pr_step_seq {
   uint32_t max_tokens;          /* with PR_SEQ_NEW: the request's max_tokens (0 = not said;
                                  * PR_SEQ_PREV_DRAFTS then verifies no drafts) */
   struct pr_u32s before;        /* with PR_SEQ_NEW and penalties (repetition, presence,
-                                 * frequency): the tokens at positions 0 .. start_pos - 1,
-                                 * which the step does not run (a prefix-cache hit, a
-                                 * preempted request's), for the penalties: prompt tokens
-                                 * below num_prompt, generated ones from there; empty, or
-                                 * start_pos of them */
+                                 * frequency) or speculative decoding: the tokens at
+                                 * positions 0 .. start_pos - 1, which the step does not
+                                 * run (a prefix-cache hit, a preempted request's), for the
+                                 * penalties (prompt tokens below num_prompt, generated
+                                 * ones from there) and n-gram drafts; empty, or start_pos
+                                 * of them */
   uint32_t prompt_next;         /* with PR_SEQ_SCORE and without PR_SEQ_SAMPLE: the prompt
                                  * token after the chunk, which its last row scores */
 };

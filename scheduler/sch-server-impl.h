@@ -133,6 +133,8 @@ struct sch_server {
   struct sch_model_info info;        /* the agreed facts */
   struct sch_engine *engine;         /* NULL until all ranks are ready the first time */
   struct sch_model_info engine_info; /* what the engine was built from */
+  bool speculative;                  /* the engine plans drafts: a NEW sequence's earlier
+                                        tokens go with it (the workers may draft from them) */
   bool serving;                      /* all ranks ready and the engine built */
   bool engine_grammars;              /* what the engine was told (sch_engine_set_grammars) */
   bool want_grammars; /* a constrained request came: every rank builds the structured-output

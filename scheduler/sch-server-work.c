@@ -266,6 +266,7 @@ static void start_service(struct sch_server *s) {
     sch_engine_destroy(s->engine);
     s->engine = e;
     s->engine_info = want;
+    s->speculative = ec.num_spec_tokens > 0;
     s->engine_grammars = true; /* a new engine starts without the hold */
   }
   s->serving = true;
@@ -794,9 +795,10 @@ void sch_srv_work_step(struct sch_server *s) {
         q->generated = (struct pr_u32s){(const uint32_t *)p->tokens - n, n};
       }
       const struct pr_sampling *sp = &q->sampling;
-      if (p->start_pos > 0 &&
-          (sp->presence_penalty != 0 || sp->frequency_penalty != 0 || sp->repetition_penalty != 1))
-        /* the tokens the step does not run count for the penalties all the same */
+      if (p->start_pos > 0 && (s->speculative || sp->presence_penalty != 0 ||
+                               sp->frequency_penalty != 0 || sp->repetition_penalty != 1))
+        /* the tokens the step does not run count for the penalties all the same, and
+         * n-gram drafts are looked up among them */
         q->before =
             (struct pr_u32s){(const uint32_t *)p->tokens - p->start_pos, (uint32_t)p->start_pos};
     } else {

@@ -77,6 +77,7 @@ struct tl_serve {
   char ssl_abs[3][PATH_MAX];               /* their absolute paths, which those point to */
   int64_t dp; /* model replicas, each a scheduler and its worker group */
   int64_t port, max_num_seqs, max_batched, max_model_len, block_size, tp, spec_k, threads;
+  int64_t ngram_max, ngram_min; /* --ngram-prompt-lookup-max / -min, 0 = not given */
   int64_t ready_timeout_s, drain_timeout_s;
   double beat_s;              /* worker heartbeat period, seconds */
   int64_t beat_limit;         /* heartbeats missed before a role counts as hung */

@@ -60,6 +60,7 @@
 #include "tools/tl-main.h"
 #include "tools/tl-serve-impl.h"
 #include "worker/wk-model.h"
+#include "worker/wk-ngram.h"
 
 volatile sig_atomic_t tl_serve_stop_signal;
 
@@ -250,6 +251,8 @@ int tl_srv_start_workers(struct tl_serve *s, struct tl_engine *e) {
     if (s->enforce_eager) argv_add(&a, "--enforce-eager");
     argv_add_str(&a, "--quantization", s->quantization);
     argv_add_str(&a, "--speculative-model", s->spec_model);
+    if (s->ngram_max) argv_add_int(&a, "--ngram-prompt-lookup-max", s->ngram_max);
+    if (s->ngram_min) argv_add_int(&a, "--ngram-prompt-lookup-min", s->ngram_min);
     argv_add_str(&a, "--tokenizer", s->tok_dir[0] ? s->tok_dir : NULL);
     argv_add_str(&a, "--mmproj", s->mmproj_path[0] ? s->mmproj_path : NULL);
     for (int i = 0; i < s->lora_modules->n; i++)
@@ -442,8 +445,10 @@ int tl_serve_main(int argc, char **argv) {
       {"mmap", CM_OPT_BOOL, &s.mmap_weights, NULL, WK_MMAP_HELP},
       {"enforce-eager", CM_OPT_BOOL, &s.enforce_eager, NULL, WK_EAGER_HELP},
       {"quantization", CM_OPT_STR, &s.quantization, "none|fp8|q8_0|q4_0|q4_k", WK_QUANT_HELP},
-      {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR", "Gemma 4 MTP assistant checkpoint"},
+      {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR|ngram", WK_SPEC_MODEL_HELP},
       {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
+      {"ngram-prompt-lookup-max", CM_OPT_INT, &s.ngram_max, "N", WK_NGRAM_MAX_HELP, 1, 1024},
+      {"ngram-prompt-lookup-min", CM_OPT_INT, &s.ngram_min, "N", WK_NGRAM_MIN_HELP, 1, 1024},
       {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",
        1, 86400},
       {"drain-timeout", CM_OPT_INT, &s.drain_timeout_s, "S",
@@ -490,6 +495,10 @@ int tl_serve_main(int argc, char **argv) {
   }
 
   if (check_tls(&s) != 0) return 2;
+  int64_t ngram_max, ngram_min; /* checked here, said to the workers as given */
+  if (wk_spec_ngram_args("lmserve serve", s.spec_model, s.ngram_max, s.ngram_min, &ngram_max,
+                         &ngram_min) < 0)
+    return 2;
   struct md_lora_module loras[CM_STRS_MAX];
   if (md_lora_modules(&lora_modules, loras, ctwhy, sizeof(ctwhy)) < 0) {
     fprintf(stderr, "lmserve serve: %s\n", ctwhy);

@@ -44,6 +44,7 @@
 #include "worker/wk-audio-g4.h"
 #include "worker/wk-main.h"
 #include "worker/wk-model.h"
+#include "worker/wk-ngram.h"
 #include "worker/wk-role.h"
 #include "worker/wk-vision-g4.h"
 #include "worker/wk-vision.h"
@@ -487,7 +488,7 @@ int wk_worker_main(int argc, char **argv) {
   double mem_util = 0.9;
   int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, pipeline = -1, local_rank_seen = 0,
       use_mmap = 0, eager = 0;
-  int64_t join_ms = 60000, max_lora_rank = 0;
+  int64_t join_ms = 60000, max_lora_rank = 0, ngram_max = 0, ngram_min = 0;
   double beat_s = 1.0;
   struct cm_strs lora_args = {0};
   struct md_lora_module loras[CM_STRS_MAX];
@@ -539,11 +540,13 @@ int wk_worker_main(int argc, char **argv) {
       {"tokenizer", CM_OPT_STR, &tok_dir, "DIR",
        "the vocabulary of structured outputs from DIR's tokenizer.json, as the frontend's "
        "--tokenizer (default: the checkpoint's tokenizer.json, or a GGUF file's own)"},
-      {"speculative-model", CM_OPT_STR, &spec_dir, "DIR", "Gemma 4 MTP assistant checkpoint"},
+      {"speculative-model", CM_OPT_STR, &spec_dir, "DIR|ngram", WK_SPEC_MODEL_HELP},
       {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K",
        "drafts per step (with "
        "--speculative-model; 3)",
        1, PR_MAX_DRAFT, 0, 0, &spec_k_seen},
+      {"ngram-prompt-lookup-max", CM_OPT_INT, &ngram_max, "N", WK_NGRAM_MAX_HELP, 1, 1024},
+      {"ngram-prompt-lookup-min", CM_OPT_INT, &ngram_min, "N", WK_NGRAM_MIN_HELP, 1, 1024},
       {0},
   };
   int rc = cm_args_parse("lmserve worker", "one worker rank: runs the scheduler's step plans", opts,
@@ -584,6 +587,9 @@ int wk_worker_main(int argc, char **argv) {
     fprintf(stderr, "lmserve worker: --num-speculative-tokens needs --speculative-model\n");
     return 2;
   }
+  int ngram =
+      wk_spec_ngram_args("lmserve worker", spec_dir, ngram_max, ngram_min, &ngram_max, &ngram_min);
+  if (ngram < 0) return 2;
   int bf16 = 0, kv_dtype = 0, quant = 0;
   if (wk_dtype_args("lmserve worker", dtype, kv_dtype_s, quant_s, &bf16, &kv_dtype, &quant))
     return 2;
@@ -645,7 +651,7 @@ int wk_worker_main(int argc, char **argv) {
       .tp_size = (int)world,
       .mmap_weights = use_mmap,
       .step_graphs = eager ? WK_GRAPHS_OFF : WK_GRAPHS_CAPTURE,
-      .graph_verify_tokens = spec_dir ? (int)(1 + spec_k) : 0,
+      .graph_verify_tokens = spec_dir ? (int)(1 + spec_k) : 0, /* n-gram drafts too */
       .quantization = quant,
   };
   const char *lora_names[CM_STRS_MAX], *lora_paths[CM_STRS_MAX];
@@ -670,7 +676,7 @@ int wk_worker_main(int argc, char **argv) {
       goto done;
     }
   p.lora_sum = md_lora_list_sum(loras, n_lora);
-  if (spec_dir && (rc = wk_draft_load(spec_dir, m, &mo, &draft, err, sizeof(err)))) {
+  if (spec_dir && !ngram && (rc = wk_draft_load(spec_dir, m, &mo, &draft, err, sizeof(err)))) {
     fprintf(stderr, "lmserve worker: --speculative-model: %s\n", err);
     goto done;
   }
@@ -716,6 +722,8 @@ int wk_worker_main(int argc, char **argv) {
   struct wk_role_opts ro = {
       .max_seqs = (int)max_seqs,
       .max_draft = (int)spec_k,
+      .ngram_min = (int)ngram_min,
+      .ngram_max = (int)ngram_max,
       .rank = (uint32_t)rank,
       .device_sampling = dev_sampling != 0 && kn_backend_has(be, KN_CAP_SAMPLE),
       .vision = vision,

@@ -20,6 +20,7 @@
 #include "tokenizer/tk-tokenizer.h"
 #include "worker/wk-encoder.h"
 #include "worker/wk-grammar.h"
+#include "worker/wk-ngram.h"
 
 #define TOPN WK_MAX_LOGPROBS /* top logprobs kept per produced token */
 
@@ -59,6 +60,7 @@ struct rseq {
   struct gr_matcher *gm; /* structured output: where the generated tokens stand, or NULL */
   uint32_t followed;     /* with gm: the position of the next token it follows (positions
                             from the prompt's end on are generated tokens) */
+  struct wk_ngram_hist ctx; /* with n-gram drafts: its tokens so far */
 };
 
 /* What a step holds from its launch to its finish. Two of them: the next step may
@@ -82,6 +84,7 @@ struct rstep {
 
 struct wk_role {
   struct wk_model *model, *draft;
+  int ngram_min, ngram_max; /* n-gram drafts (no draft model): the match's lengths */
   int max_seqs, max_draft, max_T, vocab, hidden, n_groups, n_pages, max_pos;
   uint32_t rank;
   int max_blocks[WK_MAX_KV_GROUPS]; /* blocks a table may hold: covers max_pos */
@@ -157,6 +160,7 @@ static void seq_drop(struct wk_role *r, struct rseq *q) {
   q->pend = 0;
   q->n_prop = 0;
   wk_penalty_reset(&q->pen);
+  wk_ngram_reset(&q->ctx);
   for (int g = 0; g < WK_MAX_KV_GROUPS; g++)
     q->n_bt[g] = 0;
 }
@@ -283,8 +287,10 @@ static void *zeroed(struct wk_role *r, size_t n, size_t size) {
 
 int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct wk_role_opts *o,
                    struct wk_role **out) {
+  int ngram = o->ngram_max > 0;
   if (!model || !o || o->max_seqs < 1 || o->max_draft < 0 || o->max_draft > PR_MAX_DRAFT ||
-      (o->max_draft > 0 && !draft))
+      (o->max_draft > 0 && !draft && !ngram) || (draft && ngram) ||
+      (ngram && (o->ngram_min < 1 || o->ngram_min > o->ngram_max)))
     return CM_ERR_INVAL;
   struct wk_role *r = calloc(1, sizeof(*r));
   if (!r) return CM_ERR_NOMEM;
@@ -292,6 +298,8 @@ int wk_role_create(struct wk_model *model, struct wk_model *draft, const struct 
   const struct wk_kv_spec *kv = wk_model_kv_spec(model);
   r->model = model;
   r->draft = draft;
+  r->ngram_min = ngram ? o->ngram_min : 0;
+  r->ngram_max = ngram ? o->ngram_max : 0;
   r->tokenizer = o->tokenizer ? strdup(o->tokenizer) : NULL;
   r->tokenizer_gguf = !o->tokenizer && o->tokenizer_gguf ? strdup(o->tokenizer_gguf) : NULL;
   r->rank = o->rank;
@@ -371,6 +379,7 @@ void wk_role_destroy(struct wk_role *r) {
   if (!r) return;
   for (int i = 0; r->seqs && i < r->cap_seqs; i++) {
     wk_penalty_free(&r->seqs[i].pen);
+    wk_ngram_free(&r->seqs[i].ctx);
     for (int g = 0; g < WK_MAX_KV_GROUPS; g++)
       free(r->seqs[i].bt[g]);
     free(r->seqs[i].bias_ids);
@@ -840,8 +849,9 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       if (s->before.n && s->before.n != s->start_pos)
         return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: %u tokens before position %u",
                        (unsigned long long)s->seq_id, s->before.n, s->start_pos);
-      if (penalize(q, (const int32_t *)s->before.v, 0, s->before.n))
-        return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for penalty state");
+      if (penalize(q, (const int32_t *)s->before.v, 0, s->before.n) ||
+          (r->ngram_max && wk_ngram_put(&q->ctx, 0, (const int32_t *)s->before.v, s->before.n)))
+        return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for a sequence's token history");
       if (s->sampling.grammar_kind) {
         int rc = wk_grammars_matcher(r->gram, s->sampling.grammar_kind, s->sampling.grammar.v,
                                      s->sampling.grammar.n, &q->gm, err, errlen);
@@ -870,8 +880,10 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       t[j] = (int32_t)s->tokens.v[j];
     for (uint32_t j = 0; j < s->draft_tokens.n; j++)
       t[s->tokens.n + j] = (int32_t)s->draft_tokens.v[j];
-    if ((s->flags & PR_SEQ_PREFILL) && penalize(q, t, s->start_pos, s->tokens.n))
-      return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for penalty state");
+    if ((s->flags & PR_SEQ_PREFILL) &&
+        (penalize(q, t, s->start_pos, s->tokens.n) ||
+         (r->ngram_max && wk_ngram_put(&q->ctx, s->start_pos, t, s->tokens.n))))
+      return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for a sequence's token history");
     /* generated tokens run again after a preemption: the bad words' history too */
     for (uint32_t j = 0; q->n_bad && (s->flags & PR_SEQ_PREFILL) && j < s->tokens.n; j++)
       if (hist_push(q, s->start_pos + j, t[j]))
@@ -1042,6 +1054,7 @@ static int sample_seq(struct wk_role *r, const struct pr_step_seq *s, int i,
         rc = wk_sample_masked(r->sampler, lg, sp, &q->pen, counter, allow, &out);
     }
     if (rc || (rc = hist_push(q, (uint32_t)counter, out.token))) return rc;
+    if (r->ngram_max && (rc = wk_ngram_put(&q->ctx, (uint32_t)counter, &out.token, 1))) return rc;
     tok[n] = (uint32_t)out.token;
     if (q->sp.n_logprobs >= 0) {
       lp[n] = out.logprob;
@@ -1170,6 +1183,19 @@ static int propose_drafts(struct wk_role *r, const struct pr_step *st, const int
   return rc;
 }
 
+/* n-gram drafts for every sequence that asked for them, from its tokens so far
+ * (the sampled ones included): each rank proposes the same. */
+static void propose_ngrams(struct wk_role *r, const struct pr_step *st) {
+  for (uint32_t i = 0; i < st->n_seqs; i++) {
+    const struct pr_step_seq *s = &st->seqs[i];
+    if (!(s->flags & PR_SEQ_SAMPLE) || !s->num_draft) continue;
+    uint32_t *d = r->rdraft + (size_t)i * PR_MAX_DRAFT;
+    int n = wk_ngram_propose(&r->s->cur[i]->ctx, r->ngram_min, r->ngram_max, (int)s->num_draft,
+                             (int32_t *)d);
+    r->rs[i].drafts = (struct pr_u32s){d, (uint32_t)n};
+  }
+}
+
 /* The masks of the step's constrained rows, EOS allowed where the output so far
  * is complete. A sequence verifying drafts has one per row: row k's is its
  * matcher's state after drafts [0, k), followed on a copy. Rows past a draft the
@@ -1286,7 +1312,7 @@ static int step_has(const struct pr_step *st, uint64_t id) {
 static int can_follow(struct wk_role *r, const struct rstep *o, const struct pr_step *next) {
   const int32_t *kept;
   struct kn_backend *be = wk_model_backend(r->model);
-  if (r->draft || kn_comm_world(be) > 1) return 0;
+  if (r->draft || r->ngram_max || kn_comm_world(be) > 1) return 0;
   if (o->rows && (!o->dev_step || kn_kept_ids(be, &kept) != o->rows || !kept)) return 0;
   for (uint32_t j = 0; j < next->free_ids.n; j++)
     if (step_has(&o->view, next->free_ids.v[j])) return 0;
@@ -1368,6 +1394,7 @@ int wk_role_finish(struct wk_role *r, struct pr_msg *res, char *err, size_t errl
     r->s->cur[i]->has_last = 1;
   }
   if (r->draft && (rc = propose_drafts(r, st, last_row, err, errlen))) return rc;
+  if (r->ngram_max) propose_ngrams(r, st);
   /* what a later PREV_TOKEN / PREV_DRAFTS step takes from this one (the drafts it
    * verified are used by now) */
   for (uint32_t i = 0; i < st->n_seqs; i++) {

@@ -57,7 +57,11 @@ struct wk_role;
 
 struct wk_role_opts {
   int max_seqs;        /* sequences per step (--max-num-seqs), >= 1 */
-  int max_draft;       /* drafts per sequence and step (K); 0 without an assistant model */
+  int max_draft;       /* drafts per sequence and step (K); 0 without an assistant model
+                          or n-gram drafts */
+  int ngram_min, ngram_max; /* ngram_max > 0 (and no assistant model): drafts by prompt
+                               lookup (wk-ngram.h), suffixes of ngram_min .. ngram_max
+                               tokens */
   uint32_t rank;       /* copied into RESULT */
   int device_sampling; /* 1: steps without drafts to verify sample with kn_sample on the
                           model's backend (CUDA: only token ids leave the device) */

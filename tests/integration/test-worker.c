@@ -223,6 +223,7 @@ TH_TEST(worker_speculative_greedy) {
   int acc = 0, total_acc = 0, steps = 0;
   wts_seq_init(&s, 1, k_prompt_a, 10, -1);
   TH_REQUIRE(wts_spec_step(&w, &s, 3, NULL, 0, drafts, &acc) == 0);
+  TH_CHECK_EQ_INT(w.n_drafts, 3); /* the assistant always proposes K */
   while (s.n_out < NSPEC && steps < 40) {
     TH_REQUIRE(wts_spec_step(&w, &s, 3, drafts, 3, next, &acc) == 0);
     memcpy(drafts, next, sizeof(drafts));
@@ -280,6 +281,137 @@ TH_TEST(worker_speculative_greedy) {
   TH_CHECK(wts_bad_step(&w, 7, &code, why, sizeof(why)) == 0);
   TH_CHECK_EQ_INT(code, CM_ERR_INVAL);
   TH_CHECK(strstr(why, "before them") != NULL);
+  wts_close(&w);
+}
+
+/* ---- speculative decoding with n-gram drafts ------------------------------------------- */
+
+/* The drafts by definition: for n = max_n .. min_n, the first place where the last n
+ * of t[0..L) occur with a token after them; up to k tokens from there. */
+static int lookup(const uint32_t *t, int L, int min_n, int max_n, int k, uint32_t *out) {
+  for (int n = max_n; n >= min_n; n--)
+    for (int s = 0; n < L && s + n < L; s++)
+      if (!memcmp(t + s, t + L - n, sizeof(uint32_t) * (size_t)n)) {
+        int c = 0;
+        for (int j = s + n; j < L && c < k; j++)
+          out[c++] = t[j];
+        return c;
+      }
+  return 0;
+}
+
+/* s's prompt and output so far, in t; returns how many. */
+static int seq_tokens(const struct wts_seq *s, uint32_t *t) {
+  memcpy(t, s->prompt, sizeof(uint32_t) * (size_t)s->n_prompt);
+  memcpy(t + s->n_prompt, s->out, sizeof(uint32_t) * (size_t)s->n_out);
+  return s->n_prompt + s->n_out;
+}
+
+/* Runs s to NSPEC tokens with the worker's own n-gram drafts (K 4, suffixes of 1 .. 3),
+ * checking each step's proposals against the definition over the prompt and the
+ * tokens so far; returns the drafts accepted. */
+static int ngram_run(struct wts *w, struct wts_seq *s) {
+  uint32_t drafts[4], next[4], t[200], want[4];
+  int acc = 0, total = 0, nd = 0, steps = 0;
+  TH_REQUIRE(wts_spec_step(w, s, 4, NULL, 0, drafts, &acc) == 0);
+  for (;;) {
+    int L = seq_tokens(s, t), n = lookup(t, L, 1, 3, 4, want);
+    TH_CHECK_EQ_INT(w->n_drafts, n);
+    if (w->n_drafts != n || memcmp(drafts, want, sizeof(uint32_t) * (size_t)n)) {
+      th_fail(__FILE__, __LINE__, "step %d: the drafts are not the lookup's", steps);
+      return total;
+    }
+    if (s->n_out >= NSPEC || steps++ == 40) break;
+    nd = w->n_drafts;
+    TH_REQUIRE(wts_spec_step(w, s, 4, drafts, nd, next, &acc) == 0);
+    memcpy(drafts, next, sizeof(drafts));
+    total += acc;
+  }
+  TH_REQUIRE(s->n_out >= NSPEC);
+  return total;
+}
+
+TH_TEST(worker_ngram_drafts) {
+  th_proc_init(120);
+  struct wts w;
+  TH_REQUIRE(wts_model(&w, "gemma3", "m3n") == 0);
+  char *extra[] = {"--speculative-model",
+                   "ngram",
+                   "--num-speculative-tokens",
+                   "4",
+                   "--ngram-prompt-lookup-max",
+                   "3",
+                   "--ngram-prompt-lookup-min",
+                   "1",
+                   NULL};
+  TH_REQUIRE(wts_start(&w, w.model, extra) == 0);
+  TH_CHECK_EQ_INT(w.ready.max_draft, 4);
+  /* a prompt that repeats itself, and a random model's greedy output, which soon
+   * repeats too */
+  static const uint32_t prompt[] = {2, 651, 1234, 99, 7, 3000, 651, 1234, 99, 8, 651, 1234};
+  enum { NP = sizeof(prompt) / sizeof(prompt[0]) };
+  uint32_t ref[NSPEC];
+  TH_REQUIRE(wts_generate(&w, prompt, NP, NSPEC, ref) == NSPEC);
+  struct wts_seq s;
+  wts_seq_init(&s, 1, prompt, NP, -1);
+  int accepted = ngram_run(&w, &s);
+  fprintf(stderr, "n-gram drafts: %d accepted\n", accepted);
+  check_tokens(s.out, NSPEC, ref, NSPEC); /* greedy: the tokens without drafts */
+  wts_seq_end(&w, &s);
+
+  /* seeded sampling: the same tokens on a repeat, drafts or not */
+  uint32_t first[NSPEC];
+  for (int rep = 0; rep < 2; rep++) {
+    wts_seq_init(&s, 10 + (uint64_t)rep, prompt, NP, 1234);
+    (void)ngram_run(&w, &s);
+    if (rep == 0)
+      memcpy(first, s.out, sizeof(first));
+    else
+      check_tokens(s.out, NSPEC, first, NSPEC);
+    wts_seq_end(&w, &s);
+  }
+
+  TH_CHECK_EQ_INT(w.n_fail, 0);
+  wts_close(&w);
+
+  /* a prefix-cache hit: the tokens before the step come in `before`, and the drafts are
+   * looked up among them too. An echo model (its greedy token is the current one,
+   * whatever the context: the pages' K/V do not matter) samples 1234 after the prompt,
+   * whose earliest 1234 (position 2, among the cached ones) gives the drafts */
+  TH_REQUIRE(wts_model(&w, "gemma3", "m4n") == 0);
+  char echo[500];
+  snprintf(echo, sizeof(echo), "%s-echo", w.model);
+  struct th_out o = {0};
+  TH_REQUIRE(th_lmserve(&o, 60000, "make-tiny-model", "--arch", "gemma4", "--echo", "--out", echo,
+                        NULL) == 0);
+  th_out_free(&o);
+  TH_REQUIRE(wts_start(&w, echo, extra) == 0);
+  static const uint32_t cp[] = {2, 651, 1234, 99, 7, 651, 1234, 50, 60, 651, 1234};
+  static const uint32_t want[] = {99, 7, 651, 1234};
+  uint32_t drafts[4];
+  int acc;
+  wts_seq_init(&s, 20, cp, 11, -1);
+  s.cached = 8;
+  s.send_before = 1;
+  TH_REQUIRE(wts_spec_step(&w, &s, 4, NULL, 0, drafts, &acc) == 0);
+  TH_CHECK_EQ_INT(s.out[0], 1234);
+  TH_CHECK_EQ_INT(w.n_drafts, 4);
+  TH_CHECK(!memcmp(drafts, want, sizeof(want)));
+  wts_seq_end(&w, &s);
+  /* without them the history has a gap: no drafts, and no failure */
+  wts_seq_init(&s, 21, cp, 11, -1);
+  s.cached = 8;
+  TH_REQUIRE(wts_spec_step(&w, &s, 4, NULL, 0, drafts, &acc) == 0);
+  TH_CHECK_EQ_INT(s.out[0], 1234);
+  TH_CHECK_EQ_INT(w.n_drafts, 0);
+  wts_seq_end(&w, &s);
+  /* the whole prompt in the step: the same drafts */
+  wts_seq_init(&s, 22, cp, 11, -1);
+  TH_REQUIRE(wts_spec_step(&w, &s, 4, NULL, 0, drafts, &acc) == 0);
+  TH_CHECK_EQ_INT(w.n_drafts, 4);
+  TH_CHECK(!memcmp(drafts, want, sizeof(want)));
+  wts_seq_end(&w, &s);
+  TH_CHECK_EQ_INT(w.n_fail, 0);
   wts_close(&w);
 }
 
@@ -380,6 +512,16 @@ TH_TEST(worker_refuses_bad_flags) {
                              "--scheduler", w.endpoint, NULL),
                   1);
   TH_CHECK(o.err && strstr(o.err, "nonexistent-model-dir"));
+  /* n-gram lookup lengths without n-gram drafts, or the shortest above the longest */
+  TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,
+                             "--ngram-prompt-lookup-max", "3", NULL),
+                  2);
+  TH_CHECK(o.err && strstr(o.err, "needs --speculative-model ngram"));
+  TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,
+                             "--speculative-model", "[ngram]", "--ngram-prompt-lookup-min", "4",
+                             "--ngram-prompt-lookup-max", "2", NULL),
+                  2);
+  TH_CHECK(o.err && strstr(o.err, "--ngram-prompt-lookup-min 4 is above"));
 #if !LMSERVE_HAVE_CUDA
   TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,
                              "--device", "cuda", NULL),

@@ -266,8 +266,11 @@ int wts_spec_step(struct wts *w, struct wts_seq *s, int k, const uint32_t *draft
   q.num_draft = (uint32_t)k;
   q.flags = PR_SEQ_SAMPLE;
   if (s->pos == 0) {
-    q.tokens.v = s->prompt;
-    q.tokens.n = (uint32_t)s->n_prompt;
+    q.start_pos = (uint32_t)s->cached;
+    q.tokens.v = s->prompt + s->cached;
+    q.tokens.n = (uint32_t)(s->n_prompt - s->cached);
+    q.num_prompt = (uint32_t)s->n_prompt;
+    if (s->send_before) q.before = (struct pr_u32s){s->prompt, (uint32_t)s->cached};
     q.flags |= PR_SEQ_NEW | PR_SEQ_PREFILL;
     q.sampling.temperature = s->seed >= 0 ? 1.0f : 0.0f;
     q.sampling.has_seed = s->seed >= 0;
@@ -279,7 +282,7 @@ int wts_spec_step(struct wts *w, struct wts_seq *s, int k, const uint32_t *draft
     q.draft_tokens.v = drafts;
     q.draft_tokens.n = (uint32_t)n_drafts;
   }
-  if (seq_reserve(w, s, s->pos + (int)q.tokens.n + n_drafts)) return -1;
+  if (seq_reserve(w, s, (int)q.start_pos + (int)q.tokens.n + n_drafts)) return -1;
   for (uint32_t g = 0; g < w->ready.n_groups; g++) {
     int from = s->pos == 0 ? 0 : s->sent_bt[g];
     tabs[g].v = s->bt[g] + from;
@@ -300,13 +303,14 @@ int wts_spec_step(struct wts *w, struct wts_seq *s, int k, const uint32_t *draft
     return -1;
   const struct pr_result_seq *rs = &r.u.result.seqs[0];
   if (rs->seq_id != s->id || rs->tokens.n != rs->num_accepted + 1 ||
-      rs->num_accepted > (uint32_t)n_drafts || rs->drafts.n != (uint32_t)k)
+      rs->num_accepted > (uint32_t)n_drafts || rs->drafts.n > (uint32_t)k)
     return -1;
   for (uint32_t i = 0; i < rs->tokens.n && s->n_out < WTS_MAX_OUT; i++)
     s->out[s->n_out++] = rs->tokens.v[i];
-  for (int i = 0; i < k; i++)
+  w->n_drafts = (int)rs->drafts.n;
+  for (int i = 0; i < w->n_drafts; i++)
     drafts_out[i] = rs->drafts.v[i];
-  s->pos += (int)q.tokens.n + (int)rs->num_accepted;
+  s->pos = (int)q.start_pos + (int)q.tokens.n + (int)rs->num_accepted;
   *n_accepted = (int)rs->num_accepted;
   return 0;
 }

@@ -35,6 +35,7 @@ struct wts {
   uint64_t last_beat_step;
   uint64_t next_step;
   uint8_t *page_used; /* [ready.kv_blocks] */
+  int n_drafts;       /* drafts the latest wts_spec_step's RESULT proposed */
 };
 
 struct wts_seq {
@@ -57,6 +58,10 @@ struct wts_seq {
   int n_bt[PR_MAX_KV_GROUPS];
   int sent_bt[PR_MAX_KV_GROUPS]; /* blocks the worker has been told of */
   int done;
+  /* wts_spec_step's first step: the prompt from position `cached` on, as after a
+   * prefix-cache hit (the K/V before it is whatever the pages hold), with the
+   * tokens before it in the step's `before` when send_before */
+  int cached, send_before;
 };
 
 /* Makes a tiny checkpoint (`arch` gemma3 | gemma4) in the test's temp dir
@@ -82,7 +87,8 @@ int wts_step_run(struct wts *w, struct wts_seq *seqs, int n, int chunk, int ngen
 /* One speculative STEP for s alone: the prompt (first call) or the last
  * token plus `drafts` to verify; asks for k new drafts. Appends the
  * accepted drafts and the next token to s->out; the proposals go to
- * drafts_out (k entries). 0 or -1 (FAIL, no answer, bad RESULT). */
+ * drafts_out (w->n_drafts <= k of them). 0 or -1 (FAIL, no answer, bad
+ * RESULT). */
 int wts_spec_step(struct wts *w, struct wts_seq *s, int k, const uint32_t *drafts, int n_drafts,
                   uint32_t *drafts_out, int *n_accepted);
 /* Returns s's pages to the test's allocator. */

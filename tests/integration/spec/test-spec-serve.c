@@ -11,7 +11,10 @@
  *     the KV pool is back at zero usage once the requests are done;
  *   - an assistant that agrees with its target (--echo / --agree) has its
  *     drafts accepted: acceptance length about K + 1 and about K + 1 times
- *     fewer target steps than tokens. */
+ *     fewer target steps than tokens;
+ *   - n-gram drafts (--speculative-model ngram) likewise give the answers
+ *     without speculation, on one rank and two, and see the prompt tokens
+ *     the prefix cache held. */
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -74,17 +77,19 @@ struct srv {
   int port;
 };
 
-/* lmserve serve on `model`, speculating with `assistant` (NULL: none), with `tp`
- * ranks (0: one, the default). */
+/* lmserve serve on `model`, speculating with `assistant` (NULL: none; "ngram": n-gram
+ * drafts of suffixes of 1 .. 3 tokens), with `tp` ranks (0: one, the default). */
 static int srv_start_tp(struct srv *s, const char *model, const char *assistant, int k, int tp) {
   char k_s[16], tp_s[16];
   snprintf(k_s, sizeof(k_s), "%d", k);
   snprintf(tp_s, sizeof(tp_s), "%d", tp);
-  char *args[8], **a = args;
+  char *args[12], **a = args;
   if (assistant) {
     *a++ = "--speculative-model", *a++ = (char *)assistant;
     *a++ = "--num-speculative-tokens", *a++ = k_s;
   }
+  if (assistant && !strcmp(assistant, "ngram"))
+    *a++ = "--ngram-prompt-lookup-min", *a++ = "1", *a++ = "--ngram-prompt-lookup-max", *a++ = "3";
   if (tp) *a++ = "--tensor-parallel-size", *a++ = tp_s;
   *a = NULL;
   s->port = th_serve_start(&s->p, model, args);
@@ -301,6 +306,134 @@ TH_TEST(spec_agreeing_assistant_is_accepted) {
     TH_CHECK(v >= 0.9 * (pos == 0 ? drafts : drafts - N));
   }
   free(m);
+  srv_stop(&s);
+}
+
+/* ---- n-gram drafts ------------------------------------------------------------------ */
+
+/* The jobs without their logprobs. */
+static void drop_logprobs(struct th_job *jobs, int n) {
+  static const char lp[] = "\"logprobs\":0,";
+  for (int i = 0; i < n; i++) {
+    char *at = strstr(jobs[i].body, lp);
+    if (at) memmove(at, at + sizeof(lp) - 1, strlen(at + sizeof(lp) - 1) + 1);
+  }
+}
+
+/* A random Gemma 3 model's greedy text soon repeats itself, which n-gram drafts
+ * (--speculative-model ngram) look up: its answers with them are the answers without,
+ * token for token, on one rank and on two, with structured outputs and bad words among
+ * the requests; some drafts are accepted and some rejected. */
+TH_TEST(spec_ngram_equals_plain_through_serve) {
+  th_proc_init(1500);
+  char model[300];
+  TH_REQUIRE(make_tmp() == 0);
+  TH_REQUIRE(make_model(model, "g3", (char *[]){"--arch", "gemma3", NULL}) == 0);
+  char tokpath[400];
+  snprintf(tokpath, sizeof(tokpath), "%s/tokenizer.json", model);
+  if (access(tokpath, R_OK) != 0) TH_SKIP("no Gemma tokenizer in the tiny model (run tools/setup)");
+  static struct th_job ref[NREQ], got[NREQ];
+  /* against the answers without drafts on as many ranks; on two, tokens only (a step
+   * whose drafts are verified on the host takes its rows' logprobs from the gathered
+   * logits, which sum in another order than the ranks' merged ones: the last digit
+   * moves) */
+  static const int runs[][2] = {{0, 3}, {0, 5}, {2, 3}}; /* ranks, K */
+  double accepted_any = 0, rejected_any = 0;
+  for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+    if (i == 0 || runs[i][0] != runs[i - 1][0]) {
+      if (i) th_http_jobs_free(ref, NREQ);
+      build_jobs(ref, NREQ);
+      if (runs[i][0] > 1) drop_logprobs(ref, NREQ);
+      struct srv s;
+      TH_REQUIRE(srv_start_tp(&s, model, NULL, 0, runs[i][0]) == 0);
+      th_http_run_jobs(ref, NREQ, s.port);
+      srv_stop(&s);
+      th_jobs_check_answered(ref, NREQ);
+    }
+    build_jobs(got, NREQ);
+    if (runs[i][0] > 1) drop_logprobs(got, NREQ);
+    double tokens, accepted;
+    check_spec_run(ref, got, NREQ, model, "ngram", runs[i][1], runs[i][0], &tokens, &accepted);
+    accepted_any += accepted;
+    rejected_any += tokens - accepted;
+    th_http_jobs_free(got, NREQ);
+  }
+  TH_CHECK(accepted_any > 0);
+  TH_CHECK(rejected_any > 0);
+  th_http_jobs_free(ref, NREQ);
+
+  /* sampled requests with seeds (a temperature at which the random model still repeats
+   * itself, and not always): the draw at a position is the draw without drafts */
+  uint32_t x = 99;
+  for (int i = 0; i < 8; i++) {
+    th_job_make(&ref[i], 20 + 11 * i, &x,
+                "\"max_tokens\":%d,\"temperature\":0.05,\"top_p\":0.95,\"seed\":%d,"
+                "\"logprobs\":1,\"stream\":false",
+                GEN_MIN + GEN_SPAN, 1000 + i);
+    memcpy(&got[i], &ref[i], sizeof(got[i]));
+  }
+  struct srv s;
+  TH_REQUIRE(srv_start(&s, model, NULL, 0) == 0);
+  th_http_run_jobs(ref, 8, s.port);
+  srv_stop(&s);
+  th_jobs_check_answered(ref, 8);
+  double tokens, accepted;
+  check_spec_run(ref, got, 8, model, "ngram", 3, 0, &tokens, &accepted);
+  th_http_jobs_free(ref, 8);
+  th_http_jobs_free(got, 8);
+}
+
+/* The spec_decode_* counters and the prefix cache's hits, once the server is idle. */
+static void ngram_counts(struct srv *s, double *v) {
+  int idle;
+  char *m = wait_idle(s, &idle);
+  TH_CHECK(idle);
+  v[0] = th_metric(m, "lmserve:spec_decode_num_drafts_total", NULL);
+  v[1] = th_metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
+  v[2] = th_metric(m, "lmserve:spec_decode_num_accepted_tokens_total", NULL);
+  v[3] = th_metric(m, "lmserve:prefix_cache_hits_total", NULL);
+  free(m);
+}
+
+/* A prompt the prefix cache holds runs only its tail, and the workers look drafts up
+ * in the tokens before it too (the scheduler sends them with the sequence's first
+ * step): the same requests one after another, twice, draft and accept exactly as
+ * often the second time, when every prompt but its last block comes from the cache. */
+TH_TEST(spec_ngram_drafts_see_cached_prompts) {
+  th_proc_init(600);
+  char model[300];
+  TH_REQUIRE(make_tmp() == 0);
+  TH_REQUIRE(make_model(model, "g3c", (char *[]){"--arch", "gemma3", NULL}) == 0);
+  enum { N = 4 };
+  static struct th_job jobs[2][N];
+  struct srv s;
+  TH_REQUIRE(srv_start(&s, model, "ngram", 4) == 0);
+  double v[3][4];
+  ngram_counts(&s, v[0]);
+  for (int run = 0; run < 2; run++) {
+    uint32_t x = 4242;
+    for (int i = 0; i < N; i++) { /* prompts of 40 .. 100 ids, one request at a time */
+      th_job_make(&jobs[run][i], 40 + 20 * i, &x,
+                  "\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true", GEN_MIN + GEN_SPAN);
+      th_http_run_jobs(&jobs[run][i], 1, s.port);
+    }
+    ngram_counts(&s, v[run + 1]);
+  }
+  th_jobs_check_same(jobs[0], jobs[1], N, "the cached prompts");
+  double first[3], second[3];
+  for (int j = 0; j < 3; j++) {
+    first[j] = v[1][j] - v[0][j];
+    second[j] = v[2][j] - v[1][j];
+  }
+  fprintf(stderr, "n-gram: %.0f/%.0f drafts, %.0f/%.0f tokens, %.0f/%.0f accepted; %.0f cached\n",
+          first[0], second[0], first[1], second[1], first[2], second[2], v[2][3] - v[1][3]);
+  TH_CHECK(v[2][3] - v[1][3] >= 32 * N); /* the second run's prompts came from the cache */
+  TH_CHECK(first[1] > 0);
+  TH_CHECK_NEAR(second[0], first[0], 0);
+  TH_CHECK_NEAR(second[1], first[1], 0);
+  TH_CHECK_NEAR(second[2], first[2], 0);
+  th_http_jobs_free(jobs[0], N);
+  th_http_jobs_free(jobs[1], N);
   srv_stop(&s);
 }
 
