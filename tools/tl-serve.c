@@ -352,6 +352,9 @@ static void remove_run_dir(struct tl_serve *s) {
 
 int tl_serve_main(int argc, char **argv) {
   static struct cm_strs served_names, lora_modules; /* values live as long as the process */
+  static char spec_buf[4096];                       /* --speculative-config's model, as long too */
+  const char *spec_cfg = NULL;
+  int spec_k_seen = 0;
   struct tl_serve s = {
       .served_names = &served_names,
       .lora_modules = &lora_modules,
@@ -446,9 +449,11 @@ int tl_serve_main(int argc, char **argv) {
       {"enforce-eager", CM_OPT_BOOL, &s.enforce_eager, NULL, WK_EAGER_HELP},
       {"quantization", CM_OPT_STR, &s.quantization, "none|fp8|q8_0|q4_0|q4_k", WK_QUANT_HELP},
       {"speculative-model", CM_OPT_STR, &s.spec_model, "DIR|ngram", WK_SPEC_MODEL_HELP},
-      {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16},
+      {"num-speculative-tokens", CM_OPT_INT, &s.spec_k, "K", "draft tokens per step (3)", 1, 16, 0,
+       0, &spec_k_seen},
       {"ngram-prompt-lookup-max", CM_OPT_INT, &s.ngram_max, "N", WK_NGRAM_MAX_HELP, 1, 1024},
       {"ngram-prompt-lookup-min", CM_OPT_INT, &s.ngram_min, "N", WK_NGRAM_MIN_HELP, 1, 1024},
+      {"speculative-config", CM_OPT_STR, &spec_cfg, "JSON", WK_SPEC_CONFIG_HELP},
       {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",
        1, 86400},
       {"drain-timeout", CM_OPT_INT, &s.drain_timeout_s, "S",
@@ -495,6 +500,18 @@ int tl_serve_main(int argc, char **argv) {
   }
 
   if (check_tls(&s) != 0) return 2;
+  if (spec_cfg) { /* said to the workers and the scheduler as the flags it stands for */
+    if (s.spec_model || spec_k_seen || s.ngram_max || s.ngram_min) {
+      fprintf(stderr, "lmserve serve: --speculative-config stands for --speculative-model, "
+                      "--num-speculative-tokens and --ngram-prompt-lookup-*: not both\n");
+      return 2;
+    }
+    int64_t k;
+    if (wk_spec_config_args("lmserve serve", spec_cfg, 16, spec_buf, sizeof(spec_buf),
+                            &s.spec_model, &k, &s.ngram_max, &s.ngram_min))
+      return 2;
+    if (k) s.spec_k = k;
+  }
   int64_t ngram_max, ngram_min; /* checked here, said to the workers as given */
   if (wk_spec_ngram_args("lmserve serve", s.spec_model, s.ngram_max, s.ngram_min, &ngram_max,
                          &ngram_min) < 0)

@@ -489,6 +489,8 @@ int wk_worker_main(int argc, char **argv) {
   int spec_k_seen = 0, kv_seen = 0, dev_sampling = -1, pipeline = -1, local_rank_seen = 0,
       use_mmap = 0, eager = 0;
   int64_t join_ms = 60000, max_lora_rank = 0, ngram_max = 0, ngram_min = 0;
+  const char *spec_cfg = NULL;
+  char spec_buf[4096];
   double beat_s = 1.0;
   struct cm_strs lora_args = {0};
   struct md_lora_module loras[CM_STRS_MAX];
@@ -547,6 +549,7 @@ int wk_worker_main(int argc, char **argv) {
        1, PR_MAX_DRAFT, 0, 0, &spec_k_seen},
       {"ngram-prompt-lookup-max", CM_OPT_INT, &ngram_max, "N", WK_NGRAM_MAX_HELP, 1, 1024},
       {"ngram-prompt-lookup-min", CM_OPT_INT, &ngram_min, "N", WK_NGRAM_MIN_HELP, 1, 1024},
+      {"speculative-config", CM_OPT_STR, &spec_cfg, "JSON", WK_SPEC_CONFIG_HELP},
       {0},
   };
   int rc = cm_args_parse("lmserve worker", "one worker rank: runs the scheduler's step plans", opts,
@@ -582,6 +585,17 @@ int wk_worker_main(int argc, char **argv) {
   if (kv_seen && kv_bytes == 0) {
     fprintf(stderr, "lmserve worker: --kv-cache-memory must be more than 0 bytes\n");
     return 2;
+  }
+  if (spec_cfg) {
+    if (spec_dir || spec_k_seen || ngram_max || ngram_min) {
+      fprintf(stderr, "lmserve worker: --speculative-config stands for --speculative-model, "
+                      "--num-speculative-tokens and --ngram-prompt-lookup-*: not both\n");
+      return 2;
+    }
+    if (wk_spec_config_args("lmserve worker", spec_cfg, PR_MAX_DRAFT, spec_buf, sizeof(spec_buf),
+                            &spec_dir, &spec_k, &ngram_max, &ngram_min))
+      return 2;
+    spec_k_seen = spec_k > 0;
   }
   if (spec_k_seen && !spec_dir) {
     fprintf(stderr, "lmserve worker: --num-speculative-tokens needs --speculative-model\n");

@@ -1,6 +1,7 @@
 /* wk-ngram.c — n-gram (prompt lookup) drafts: see wk-ngram.h. */
 #include "worker/wk-ngram.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,4 +83,93 @@ int wk_spec_ngram_args(const char *prog, const char *spec, int64_t max_given, in
     return -1;
   }
   return 1;
+}
+
+/* The integer member `key` of o into *v, within [lo, hi]; absent: *v stays. 0 or -1 (said). */
+static int spec_int(const char *prog, json_t *o, const char *key, int64_t lo, int64_t hi,
+                    int64_t *v) {
+  json_t *x = json_object_get(o, key);
+  if (!x) return 0;
+  if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi) {
+    fprintf(stderr, "%s: --speculative-config: %s must be an integer in [%lld, %lld]\n", prog, key,
+            (long long)lo, (long long)hi);
+    return -1;
+  }
+  *v = json_integer_value(x);
+  return 0;
+}
+
+int wk_spec_config_args(const char *prog, const char *json, int64_t max_k, char *model_buf,
+                        size_t cap, const char **model, int64_t *k, int64_t *ngram_max,
+                        int64_t *ngram_min) {
+  static const char *const keys[] = {"method", "model", "num_speculative_tokens",
+                                     "prompt_lookup_max", "prompt_lookup_min"};
+  json_error_t je;
+  json_t *o = json_loads(json, JSON_REJECT_DUPLICATES, &je);
+  int rc = -1;
+  *model = NULL;
+  *k = *ngram_max = *ngram_min = 0;
+  if (!json_is_object(o)) {
+    fprintf(stderr, "%s: --speculative-config must be a JSON object%s%s\n", prog, o ? "" : ": ",
+            o ? "" : je.text);
+    goto done;
+  }
+  const char *key;
+  json_t *v;
+  json_object_foreach(o, key, v) {
+    size_t i = 0;
+    while (i < sizeof(keys) / sizeof(keys[0]) && strcmp(key, keys[i]) != 0)
+      i++;
+    if (i == sizeof(keys) / sizeof(keys[0])) {
+      fprintf(stderr,
+              "%s: --speculative-config: \"%s\" is not taken (lmserve takes method, model, "
+              "num_speculative_tokens, prompt_lookup_max and prompt_lookup_min)\n",
+              prog, key);
+      goto done;
+    }
+    if (i < 2 && !json_is_string(v)) {
+      fprintf(stderr, "%s: --speculative-config: %s must be a string\n", prog, key);
+      goto done;
+    }
+  }
+  const char *method = json_string_value(json_object_get(o, "method"));
+  const char *path = json_string_value(json_object_get(o, "model"));
+  int ngram = method ? strcmp(method, "ngram") == 0
+                     : path && (strcmp(path, "ngram") == 0 || strcmp(path, "[ngram]") == 0);
+  if (method && !ngram && strcmp(method, "mtp") != 0 && strcmp(method, "draft_model") != 0) {
+    fprintf(stderr,
+            "%s: --speculative-config: method \"%s\" is not served (ngram, or mtp with a Gemma 4 "
+            "assistant as model)\n",
+            prog, method);
+    goto done;
+  }
+  if (method && ngram && path) {
+    fprintf(stderr, "%s: --speculative-config: method ngram takes no model\n", prog);
+    goto done;
+  }
+  if (!ngram && !path) {
+    fprintf(stderr, "%s: --speculative-config: model (the assistant checkpoint) is missing\n",
+            prog);
+    goto done;
+  }
+  if (!ngram &&
+      (json_object_get(o, "prompt_lookup_max") || json_object_get(o, "prompt_lookup_min"))) {
+    fprintf(stderr, "%s: --speculative-config: prompt_lookup_max and _min are for method ngram\n",
+            prog);
+    goto done;
+  }
+  if (spec_int(prog, o, "num_speculative_tokens", 1, max_k, k) ||
+      spec_int(prog, o, "prompt_lookup_max", 1, 1024, ngram_max) ||
+      spec_int(prog, o, "prompt_lookup_min", 1, 1024, ngram_min))
+    goto done;
+  if (!ngram && strlen(path) >= cap) {
+    fprintf(stderr, "%s: --speculative-config: model path too long\n", prog);
+    goto done;
+  }
+  snprintf(model_buf, cap, "%s", ngram ? "ngram" : path);
+  *model = model_buf;
+  rc = 0;
+done:
+  json_decref(o);
+  return rc;
 }

@@ -6,6 +6,7 @@
 #ifndef LMSERVE_WK_NGRAM_H
 #define LMSERVE_WK_NGRAM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* The tokens at positions 0 .. n - 1 of one sequence. `broken`: a position was
@@ -45,6 +46,23 @@ int wk_ngram_propose(const struct wk_ngram_hist *h, int min_n, int max_n, int k,
 #define WK_NGRAM_MIN_HELP                                                                          \
   "with --speculative-model ngram: the shortest suffix matched (--ngram-prompt-lookup-max, "       \
   "else 5)"
+
+/* --speculative-config JSON (serve, worker): vLLM's form of the flags above, an object
+ * of "method" ("ngram", or "mtp" / "draft_model" with "model" an assistant checkpoint;
+ * without it, "model" as --speculative-model takes it), "num_speculative_tokens" (1 ..
+ * max_k) and, with ngram, "prompt_lookup_max" / "prompt_lookup_min". */
+#define WK_SPEC_CONFIG_HELP                                                                        \
+  "speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "                            \
+  "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' (instead of the flags)"
+
+/* Parses json (--speculative-config) into *model ("ngram" for n-gram drafts, else the
+ * assistant's path, copied into model_buf of cap bytes), *k (0 = not given) and the
+ * lookup lengths (0 = not given). 0, or -1 with the reason printed after prog on stderr
+ * (not an object, a key or method lmserve does not take, a value of the wrong type or
+ * out of range). */
+int wk_spec_config_args(const char *prog, const char *json, int64_t max_k, char *model_buf,
+                        size_t cap, const char **model, int64_t *k, int64_t *ngram_max,
+                        int64_t *ngram_min);
 
 /* Whether spec (--speculative-model, or NULL) asks for n-gram drafts: 1, with
  * the match lengths in *max_n and *min_n from the flags' values (0 = not given:

@@ -522,6 +522,25 @@ TH_TEST(worker_refuses_bad_flags) {
                              "--ngram-prompt-lookup-max", "2", NULL),
                   2);
   TH_CHECK(o.err && strstr(o.err, "--ngram-prompt-lookup-min 4 is above"));
+  /* vLLM's JSON form: a method it does not serve, a key it does not take, both forms */
+  static const char *const bad_cfg[][2] = {
+      {"{\"method\": \"eagle3\", \"model\": \"x\"}", "method \"eagle3\" is not served"},
+      {"{\"method\": \"ngram\", \"disable_by_batch_size\": 4}",
+       "\"disable_by_batch_size\" is not taken"},
+      {"{\"method\": \"ngram\", \"num_speculative_tokens\": 0}", "must be an integer in [1, 64]"},
+      {"[\"ngram\"]", "must be a JSON object"},
+  };
+  for (size_t i = 0; i < sizeof(bad_cfg) / sizeof(bad_cfg[0]); i++) {
+    TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,
+                               "--speculative-config", bad_cfg[i][0], NULL),
+                    2);
+    TH_CHECK(o.err && strstr(o.err, bad_cfg[i][1]));
+  }
+  TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,
+                             "--speculative-config", "{\"method\": \"ngram\"}",
+                             "--num-speculative-tokens", "2", NULL),
+                  2);
+  TH_CHECK(o.err && strstr(o.err, "not both"));
 #if !LMSERVE_HAVE_CUDA
   TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,
                              "--device", "cuda", NULL),

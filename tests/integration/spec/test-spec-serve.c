@@ -406,8 +406,13 @@ TH_TEST(spec_ngram_drafts_see_cached_prompts) {
   TH_REQUIRE(make_model(model, "g3c", (char *[]){"--arch", "gemma3", NULL}) == 0);
   enum { N = 4 };
   static struct th_job jobs[2][N];
-  struct srv s;
-  TH_REQUIRE(srv_start(&s, model, "ngram", 4) == 0);
+  struct srv s; /* the flags as vLLM's JSON this time */
+  s.port = th_serve_start(&s.p, model,
+                          (char *[]){"--speculative-config",
+                                     "{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                                     "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 3}",
+                                     NULL});
+  TH_REQUIRE(s.port > 0);
   double v[3][4];
   ngram_counts(&s, v[0]);
   for (int run = 0; run < 2; run++) {
