@@ -12,14 +12,11 @@
 // difference. The
 // cache is f32 (llama.cpp's default is f16) so that the comparison is with
 // lmserve's --kv-dtype f32.
-import {createRequire} from "node:module";
-import path from "node:path";
+import {openLlama, topTwo} from "./llamacpp-lib.mjs";
 
 const [dir, modelPath, nArg, promptsArg, gapsArg] = process.argv.slice(2);
 const gaps = gapsArg === "gaps";
-const req = createRequire(path.join(dir, "package.json"));
-const nlc = await import(req.resolve("node-llama-cpp"));
-const llama = await nlc.getLlama({gpu: false, build: "never", logLevel: nlc.LlamaLogLevel.error});
+const llama = await openLlama(dir);
 if (nArg === "tokenize") {
   // node gguf-llamacpp.mjs LLAMACPP_DIR MODEL.gguf tokenize < TEXT: the file's own
   // tokenizer's ids of the text (special tokens' text read as those tokens, no BOS
@@ -44,11 +41,7 @@ for (const ids of JSON.parse(promptsArg)) {
                      : seq.evaluate(ids, {temperature: 0});
   for await (const step of steps) {
     if (gaps) {
-      let p1 = 0, p2 = 0;
-      for (const p of step.probabilities.values()) {
-        if (p > p1) [p1, p2] = [p, p1];
-        else if (p > p2) p2 = p;
-      }
+      const {p1, p2} = topTwo(step.probabilities);
       out.push(step.token);
       gap.push(Math.log(p1) - Math.log(p2));
     } else {

@@ -12,13 +12,10 @@
 // N numbers: the log probability of the token it took (ln p1). An adapter is
 // given to the context at scale 1 (llama.cpp's default: each module's alpha / r). The
 // KV cache is f32 (llama.cpp's default is f16), as lmserve's for an f32 model.
-import {createRequire} from "node:module";
-import path from "node:path";
+import {openLlama, topTwo} from "./llamacpp-lib.mjs";
 
 const [dir, modelPath, nArg, promptsArg, ...adapters] = process.argv.slice(2);
-const req = createRequire(path.join(dir, "package.json"));
-const nlc = await import(req.resolve("node-llama-cpp"));
-const llama = await nlc.getLlama({gpu: false, build: "never", logLevel: nlc.LlamaLogLevel.error});
+const llama = await openLlama(dir);
 const model = await llama.loadModel({modelPath, gpuLayers: 0});
 const n = Number(nArg);
 for (const adapter of adapters) {
@@ -32,11 +29,7 @@ for (const adapter of adapters) {
     const out = [], gap = [], top = [];
     const steps = seq.evaluateWithMetadata(ids, {probabilities: true}, {temperature: 0});
     for await (const step of steps) {
-      let p1 = 0, p2 = 0;
-      for (const p of step.probabilities.values()) {
-        if (p > p1) [p1, p2] = [p, p1];
-        else if (p > p2) p2 = p;
-      }
+      const {p1, p2} = topTwo(step.probabilities);
       out.push(step.token);
       gap.push(Math.log(p1) - Math.log(p2));
       top.push(Math.log(p1));
