@@ -24,6 +24,7 @@
 #include "tools/tl-main.h"
 #include "worker/wk-greedy.h"
 #include "worker/wk-model.h"
+#include "worker/wk-ngram.h"
 
 /* "1,2,3", "1 2 3" or "[1, 2, 3]" -> ids (malloc'd). */
 static int parse_ids(const char *s, int32_t **out, int *n) {
@@ -64,7 +65,8 @@ int tl_generate_main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *prompt_ids = NULL, *kv_dtype = NULL, *draft = NULL,
              *quant_s = NULL, *tok_dir = NULL;
   const char *dtype = "auto";
-  int64_t max_tokens = 16, chunk = 0, threads = 0, draft_tokens = 3, tp = 1;
+  int64_t max_tokens = 16, chunk = 0, threads = 0, draft_tokens = 3, tp = 1, ngram_max = 0,
+          ngram_min = 0;
   int ignore_eos = 0, eager = 0;
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &model, "PATH", MD_MODEL_HELP},
@@ -83,8 +85,11 @@ int tl_generate_main(int argc, char **argv) {
       {"ignore-eos", CM_OPT_BOOL, &ignore_eos, NULL, "keep generating past an end-of-sequence id"},
       {"enforce-eager", CM_OPT_BOOL, &eager, NULL, WK_EAGER_HELP},
       {"quantization", CM_OPT_STR, &quant_s, "none|fp8|q8_0|q4_0|q4_k", WK_QUANT_HELP},
-      {"draft", CM_OPT_STR, &draft, "DIR",
-       "speculative decoding with this gemma4_assistant checkpoint (same output)"},
+      {"draft", CM_OPT_STR, &draft, "DIR|ngram",
+       "speculative decoding with this gemma4_assistant checkpoint, or with n-gram drafts "
+       "looked up in the prompt and the output (same output)"},
+      {"ngram-prompt-lookup-max", CM_OPT_INT, &ngram_max, "N", WK_NGRAM_MAX_HELP, 1, 1024},
+      {"ngram-prompt-lookup-min", CM_OPT_INT, &ngram_min, "N", WK_NGRAM_MIN_HELP, 1, 1024},
       {"draft-tokens", CM_OPT_INT, &draft_tokens, "K", "draft tokens per round (default 3)", 1, 64},
       {"tensor-parallel-size", CM_OPT_INT, &tp, "N",
        "run the model as N ranks (processes on this host, one shard each; default 1)", 1, 64},
@@ -99,6 +104,9 @@ int tl_generate_main(int argc, char **argv) {
     fprintf(stderr, "lmserve generate: %s\n", why);
     return 2;
   }
+  int ngram =
+      wk_spec_ngram_args("lmserve generate", draft, ngram_max, ngram_min, &ngram_max, &ngram_min);
+  if (ngram < 0) return 2;
   if (!model || (!prompt == !prompt_ids)) {
     fprintf(
         stderr,
@@ -217,7 +225,7 @@ int tl_generate_main(int argc, char **argv) {
     fprintf(stderr, "lmserve generate: %s\n", err);
     goto done;
   }
-  if (draft && (rc = wk_draft_load(draft, m, &mo, &dm, err, sizeof(err)))) {
+  if (draft && !ngram && (rc = wk_draft_load(draft, m, &mo, &dm, err, sizeof(err)))) {
     fprintf(stderr, "lmserve generate: --draft: %s\n", err);
     goto done;
   }
@@ -237,6 +245,10 @@ int tl_generate_main(int argc, char **argv) {
   if (dm)
     rc = wk_greedy_generate_spec(m, dm, &pa, ids, n_ids, &go, (int)draft_tokens, gen, &n_gen,
                                  &drafted, &accepted, err, sizeof(err));
+  else if (ngram)
+    rc = wk_greedy_generate_ngram(m, &pa, ids, n_ids, &go, (int)draft_tokens, (int)ngram_min,
+                                  (int)ngram_max, gen, &n_gen, &drafted, &accepted, err,
+                                  sizeof(err));
   else
     rc = wk_greedy_generate(m, &pa, ids, n_ids, &go, gen, &n_gen, err, sizeof(err));
   if (rc) {
@@ -247,7 +259,7 @@ int tl_generate_main(int argc, char **argv) {
     status = 0;
     goto done;
   }
-  if (dm)
+  if (draft)
     fprintf(stderr, "lmserve generate: %d draft tokens proposed, %d accepted (%.1f%%)\n", drafted,
             accepted, drafted ? 100.0 * accepted / drafted : 0.0);
   printf("[");

@@ -8,6 +8,7 @@
 
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
+#include "worker/wk-ngram.h"
 
 int32_t wk_argmax(const float *v, int n) {
   int32_t best = 0;
@@ -124,8 +125,15 @@ int wk_greedy_generate_spec_fn(struct wk_model *m, struct wk_page_alloc *pa, con
     if ((o->stop_at_eos && is_eos(c, next)) || *n_gen == o->max_new) break;
     int kk = CM_MIN(k, o->max_new - *n_gen);
     toks[0] = next;
-    rc = propose(ctx, &blk, next, p, hacc, kk, toks + 1, err, errlen);
+    int nd = kk;
+    rc = propose(ctx, &blk, next, p, hacc, kk, toks + 1, &nd, err, errlen);
     if (rc) break;
+    if (nd < 0 || nd > kk) {
+      snprintf(err, errlen, "the proposer made %d drafts of %d", nd, kk);
+      rc = CM_ERR_STATE;
+      break;
+    }
+    kk = nd;
     *drafted += kk;
     rc = step_out(m, pa, &blk, toks, kk + 1, p + 1, kk + 1, logits, hidden, err, errlen);
     if (rc) break;
@@ -164,7 +172,8 @@ struct draft_ctx {
 };
 
 static int draft_propose(void *vctx, const struct wk_seq_blocks *blk, int32_t token, int p,
-                         const float *h, int kk, int32_t *drafts, char *err, size_t errlen) {
+                         const float *h, int kk, int32_t *drafts, int *n, char *err,
+                         size_t errlen) {
   struct draft_ctx *d = vctx;
   memcpy(d->h, h, sizeof(float) * (size_t)wk_model_config(d->draft)->backbone_hidden);
   int32_t prev = token;
@@ -178,6 +187,7 @@ static int draft_propose(void *vctx, const struct wk_seq_blocks *blk, int32_t to
     if (rc) return rc;
     prev = drafts[i];
   }
+  *n = kk;
   return 0;
 }
 
@@ -191,5 +201,39 @@ int wk_greedy_generate_spec(struct wk_model *m, struct wk_model *draft, struct w
   int rc = wk_greedy_generate_spec_fn(m, pa, prompt, n_prompt, o, k, draft_propose, &d, out, n_gen,
                                       drafted, accepted, err, errlen);
   free(d.h);
+  return rc;
+}
+
+/* n-gram drafts as a proposer: the prompt, then the tokens emitted so far (out[], which
+ * the loop fills before it asks), looked up at each round. */
+struct ngram_ctx {
+  struct wk_ngram_hist h;
+  const int32_t *prompt, *out;
+  int n_prompt, min_n, max_n;
+};
+
+static int ngram_propose(void *vctx, const struct wk_seq_blocks *blk, int32_t token, int p,
+                         const float *h, int kk, int32_t *drafts, int *n, char *err,
+                         size_t errlen) {
+  struct ngram_ctx *c = vctx;
+  /* positions 0 .. p + 1: `token`, at p + 1, is out[]'s last */
+  for (int q = c->h.n; q <= p + 1; q++) {
+    int32_t t = q < c->n_prompt ? c->prompt[q] : c->out[q - c->n_prompt];
+    if (wk_ngram_put(&c->h, (uint32_t)q, &t, 1))
+      return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for the n-gram history");
+  }
+  *n = wk_ngram_propose(&c->h, c->min_n, c->max_n, kk, drafts);
+  return 0;
+}
+
+int wk_greedy_generate_ngram(struct wk_model *m, struct wk_page_alloc *pa, const int32_t *prompt,
+                             int n_prompt, const struct wk_greedy_opts *o, int k, int min_n,
+                             int max_n, int32_t *out, int *n_gen, int *drafted, int *accepted,
+                             char *err, size_t errlen) {
+  struct ngram_ctx c = {
+      .prompt = prompt, .out = out, .n_prompt = n_prompt, .min_n = min_n, .max_n = max_n};
+  int rc = wk_greedy_generate_spec_fn(m, pa, prompt, n_prompt, o, k, ngram_propose, &c, out, n_gen,
+                                      drafted, accepted, err, errlen);
+  wk_ngram_free(&c.h);
   return rc;
 }

@@ -37,17 +37,25 @@ int wk_greedy_generate_spec(struct wk_model *m, struct wk_model *draft, struct w
                             int k, int32_t *out, int *n_gen, int *drafted, int *accepted, char *err,
                             size_t errlen);
 
-/* Proposes kk draft tokens (drafts[0..kk)) after `token`, the last emitted
- * token, given the last accepted position p (its K/V are in blk's pages) and
- * its final-normed hidden state h (host [hidden]). */
+/* Proposes up to kk draft tokens (drafts[0..*n), *n <= kk; 0 runs the round without
+ * drafts) after `token`, the last emitted token, given the last accepted position p
+ * (its K/V are in blk's pages) and its final-normed hidden state h (host [hidden]). */
 typedef int (*wk_propose_fn)(void *ctx, const struct wk_seq_blocks *blk, int32_t token, int p,
-                             const float *h, int kk, int32_t *drafts, char *err, size_t errlen);
+                             const float *h, int kk, int32_t *drafts, int *n, char *err,
+                             size_t errlen);
 
 /* wk_greedy_generate_spec with any proposer (tests use an oracle). */
 int wk_greedy_generate_spec_fn(struct wk_model *m, struct wk_page_alloc *pa, const int32_t *prompt,
                                int n_prompt, const struct wk_greedy_opts *o, int k,
                                wk_propose_fn propose, void *ctx, int32_t *out, int *n_gen,
                                int *drafted, int *accepted, char *err, size_t errlen);
+
+/* wk_greedy_generate_spec with n-gram drafts (wk-ngram.h: suffixes of min_n .. max_n
+ * tokens looked up in the prompt and the tokens so far) instead of a draft model. */
+int wk_greedy_generate_ngram(struct wk_model *m, struct wk_page_alloc *pa, const int32_t *prompt,
+                             int n_prompt, const struct wk_greedy_opts *o, int k, int min_n,
+                             int max_n, int32_t *out, int *n_gen, int *drafted, int *accepted,
+                             char *err, size_t errlen);
 
 /* Index of the largest of v[0..n) (first on ties; NaN never wins). */
 int32_t wk_argmax(const float *v, int n);

@@ -331,6 +331,15 @@ static int ngram_run(struct wts *w, struct wts_seq *s) {
   return total;
 }
 
+/* The counts `lmserve generate` says on stderr with drafts: 0, or -1 without them. */
+static int generate_counts(const char *err, int *proposed, int *taken) {
+  static const char who[] = "lmserve generate: ";
+  for (const char *l = err ? strstr(err, who) : NULL; l; l = strstr(l + 1, who))
+    if (sscanf(l, "lmserve generate: %d draft tokens proposed, %d accepted", proposed, taken) == 2)
+      return 0;
+  return -1;
+}
+
 TH_TEST(worker_ngram_drafts) {
   th_proc_init(120);
   struct wts w;
@@ -368,6 +377,22 @@ TH_TEST(worker_ngram_drafts) {
   (void)ngram_run(&w, &s);
   check_tokens(s.out, NGEN, plain.out, NGEN);
   wts_seq_end(&w, &s);
+
+  /* lmserve generate --draft ngram: the same tokens as without, drafts accepted */
+  const char *ids = "2,651,1234,99,7,3000,651,1234,99,8,651,1234";
+  struct th_out plain_out = {0}, ngram_out = {0};
+  TH_REQUIRE(th_lmserve(&plain_out, 60000, "generate", "--model", w.model, "--prompt-ids", ids,
+                        "--max-tokens", "16", "--ignore-eos", "--threads", "1", NULL) == 0);
+  TH_REQUIRE(th_lmserve(&ngram_out, 60000, "generate", "--model", w.model, "--prompt-ids", ids,
+                        "--max-tokens", "16", "--ignore-eos", "--threads", "1", "--draft", "ngram",
+                        "--draft-tokens", "4", "--ngram-prompt-lookup-min", "1",
+                        "--ngram-prompt-lookup-max", "3", NULL) == 0);
+  TH_CHECK(plain_out.out && ngram_out.out && !strcmp(plain_out.out, ngram_out.out));
+  int proposed = 0, taken = 0;
+  TH_CHECK(generate_counts(ngram_out.err, &proposed, &taken) == 0);
+  TH_CHECK(taken > 0 && taken <= proposed);
+  th_out_free(&plain_out);
+  th_out_free(&ngram_out);
 
   TH_CHECK_EQ_INT(w.n_fail, 0);
   wts_close(&w);

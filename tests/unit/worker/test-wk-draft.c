@@ -319,7 +319,8 @@ struct oracle {
 };
 
 static int oracle_propose(void *vctx, const struct wk_seq_blocks *blk, int32_t token, int p,
-                          const float *h, int kk, int32_t *drafts, char *err, size_t errlen) {
+                          const float *h, int kk, int32_t *drafts, int *n, char *err,
+                          size_t errlen) {
   struct oracle *o = vctx;
   int i = p - (NP - 1); /* token == want[i] */
   if (i < 0 || i >= o->n_want || o->want[i] != token) {
@@ -332,7 +333,27 @@ static int oracle_propose(void *vctx, const struct wk_seq_blocks *blk, int32_t t
     int32_t right = idx < o->n_want ? o->want[idx] : 3;
     drafts[q] = q < good ? right : (right + 1) % 512;
   }
+  /* every fourth round fewer drafts (right ones only, or none), as a lookup finds */
+  *n = o->calls % 4 == 3 ? good : kk;
   return 0;
+}
+
+/* n-gram drafts (looked up in the prompt and the tokens so far): the greedy tokens
+ * and logits. The prompt's ids below 512 repeat, so drafts are proposed; this model's
+ * answer does not follow them (acceptance: speculative_acceptance_paths, whose oracle
+ * also proposes fewer than k, and the worker's and the server's n-gram tests). */
+TH_TEST(speculative_ngram_equals_greedy) {
+  static struct greedy_run g;
+  greedy_run_init(&g, 79, 32, 0);
+  for (int k = 1; k <= 4; k++) {
+    memset(g.gl, 0, sizeof(g.gl));
+    TH_REQUIRE(wk_greedy_generate_ngram(g.r.t, &g.r.pa, g.p, NP, &g.o, k, 1, 3, g.got, &g.ng,
+                                        &g.drafted, &g.accepted, g.err, sizeof(g.err)) == 0);
+    check_same_as_greedy(&g);
+    TH_CHECK(g.drafted > 0 && g.accepted >= 0 && g.accepted <= g.drafted);
+    fprintf(stderr, "n-gram k=%d: %d drafted, %d accepted\n", k, g.drafted, g.accepted);
+  }
+  teardown(&g.r);
 }
 
 TH_TEST(speculative_acceptance_paths) {
