@@ -16,6 +16,9 @@
 #define SCH_SRV_MAX_RANKS  1024      /* world size at most */
 #define SCH_SRV_SLOT_BITS  24        /* low bits of an engine id: the request slot */
 #define SCH_SRV_MAX_SLOTS  (1 << 20) /* live requests at most */
+/* `before` tokens a STEP carries for n-gram lookups alone (about 20 MB of msgpack,
+ * within PR_MAX_MSG_DEFAULT with the rest of a large step) */
+#define SCH_SPEC_BEFORE_MAX (4u << 20)
 
 /* A frontend (ROUTER peer on the frontend socket). */
 struct sch_front {
@@ -134,7 +137,8 @@ struct sch_server {
   struct sch_engine *engine;         /* NULL until all ranks are ready the first time */
   struct sch_model_info engine_info; /* what the engine was built from */
   bool speculative;                  /* the engine plans drafts: a NEW sequence's earlier
-                                        tokens go with it (the workers may draft from them) */
+                                        tokens go with it (the workers may draft from them),
+                                        up to SCH_SPEC_BEFORE_MAX a step */
   bool serving;                      /* all ranks ready and the engine built */
   bool engine_grammars;              /* what the engine was told (sch_engine_set_grammars) */
   bool want_grammars; /* a constrained request came: every rank builds the structured-output

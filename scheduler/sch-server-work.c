@@ -741,6 +741,7 @@ void sch_srv_work_step(struct sch_server *s) {
   CM_ASSERT(plan.num_seqs <= s->cap_seqs);
   uint64_t wall = cm_time_wall_ns();
   size_t used_images = 0;
+  uint64_t spec_before = 0; /* `before` tokens this step carries for n-gram lookups alone */
   if (reserve_step_images(s, &plan) != 0) {
     /* the step never leaves: its sequences go back to recompute later */
     cm_error(TAG, "out of memory for step %llu's images", (unsigned long long)plan.step_id);
@@ -795,12 +796,19 @@ void sch_srv_work_step(struct sch_server *s) {
         q->generated = (struct pr_u32s){(const uint32_t *)p->tokens - n, n};
       }
       const struct pr_sampling *sp = &q->sampling;
-      if (p->start_pos > 0 && (s->speculative || sp->presence_penalty != 0 ||
-                               sp->frequency_penalty != 0 || sp->repetition_penalty != 1))
-        /* the tokens the step does not run count for the penalties all the same, and
-         * n-gram drafts are looked up among them */
+      /* the tokens the step does not run count for the penalties all the same, and n-gram
+       * drafts are looked up among them: for those alone a step carries at most
+       * SCH_SPEC_BEFORE_MAX (its message's size), a sequence past it goes without (its
+       * workers then propose no n-gram drafts for it) */
+      int pen =
+          sp->presence_penalty != 0 || sp->frequency_penalty != 0 || sp->repetition_penalty != 1;
+      int spec =
+          !pen && s->speculative && spec_before + (uint64_t)p->start_pos <= SCH_SPEC_BEFORE_MAX;
+      if (p->start_pos > 0 && (pen || spec)) {
+        spec_before += spec ? (uint64_t)p->start_pos : 0;
         q->before =
             (struct pr_u32s){(const uint32_t *)p->tokens - p->start_pos, (uint32_t)p->start_pos};
+      }
     } else {
       pr_sampling_default(&q->sampling);
     }

@@ -143,6 +143,11 @@ int wk_spec_config_args(const char *prog, const char *json, int64_t max_k, char 
             prog, method);
     goto done;
   }
+  if (method && !ngram && path && (strcmp(path, "ngram") == 0 || strcmp(path, "[ngram]") == 0)) {
+    fprintf(stderr, "%s: --speculative-config: method %s takes an assistant checkpoint as model\n",
+            prog, method);
+    goto done;
+  }
   if (method && ngram && path) {
     fprintf(stderr, "%s: --speculative-config: method ngram takes no model\n", prog);
     goto done;

@@ -880,9 +880,11 @@ static int apply_step(struct wk_role *r, const struct pr_step *st, struct wk_bat
       t[j] = (int32_t)s->tokens.v[j];
     for (uint32_t j = 0; j < s->draft_tokens.n; j++)
       t[s->tokens.n + j] = (int32_t)s->draft_tokens.v[j];
-    if ((s->flags & PR_SEQ_PREFILL) &&
-        (penalize(q, t, s->start_pos, s->tokens.n) ||
-         (r->ngram_max && wk_ngram_put(&q->ctx, s->start_pos, t, s->tokens.n))))
+    /* the n-gram history takes every token a step names (those it holds are passed over):
+     * a resumed sequence's last token may come alone, without PREFILL */
+    if (((s->flags & PR_SEQ_PREFILL) && penalize(q, t, s->start_pos, s->tokens.n)) ||
+        (r->ngram_max && !(s->flags & PR_SEQ_PREV_TOKEN) &&
+         wk_ngram_put(&q->ctx, s->start_pos, t, s->tokens.n)))
       return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory for a sequence's token history");
     /* generated tokens run again after a preemption: the bad words' history too */
     for (uint32_t j = 0; q->n_bad && (s->flags & PR_SEQ_PREFILL) && j < s->tokens.n; j++)

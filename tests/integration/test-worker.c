@@ -421,6 +421,17 @@ TH_TEST(worker_ngram_drafts) {
   TH_CHECK_EQ_INT(w.n_drafts, 4);
   TH_CHECK(!memcmp(drafts, want, sizeof(want)));
   wts_seq_end(&w, &s);
+  /* a preempted request run again after a prefix-cache hit: its last token, a generated
+   * one, comes alone and without PREFILL, and counts all the same */
+  wts_seq_init(&s, 23, cp, 11, -1);
+  s.cached = 10;
+  s.resumed = 3;
+  s.send_before = 1;
+  TH_REQUIRE(wts_spec_step(&w, &s, 4, NULL, 0, drafts, &acc) == 0);
+  TH_CHECK_EQ_INT(s.out[0], 1234);
+  TH_CHECK_EQ_INT(w.n_drafts, 4);
+  TH_CHECK(!memcmp(drafts, want, sizeof(want)));
+  wts_seq_end(&w, &s);
   /* without them the history has a gap: no drafts, and no failure */
   wts_seq_init(&s, 21, cp, 11, -1);
   s.cached = 8;
@@ -552,6 +563,7 @@ TH_TEST(worker_refuses_bad_flags) {
        "\"disable_by_batch_size\" is not taken"},
       {"{\"method\": \"ngram\", \"num_speculative_tokens\": 0}", "must be an integer in [1, 64]"},
       {"[\"ngram\"]", "must be a JSON object"},
+      {"{\"method\": \"mtp\", \"model\": \"ngram\"}", "takes an assistant checkpoint"},
   };
   for (size_t i = 0; i < sizeof(bad_cfg) / sizeof(bad_cfg[0]); i++) {
     TH_CHECK_EQ_INT(th_lmserve(&o, 30000, "worker", "--model", w.model, "--scheduler", w.endpoint,

@@ -269,9 +269,10 @@ int wts_spec_step(struct wts *w, struct wts_seq *s, int k, const uint32_t *draft
     q.start_pos = (uint32_t)s->cached;
     q.tokens.v = s->prompt + s->cached;
     q.tokens.n = (uint32_t)(s->n_prompt - s->cached);
-    q.num_prompt = (uint32_t)s->n_prompt;
+    q.num_prompt = (uint32_t)(s->n_prompt - s->resumed);
     if (s->send_before) q.before = (struct pr_u32s){s->prompt, (uint32_t)s->cached};
-    q.flags |= PR_SEQ_NEW | PR_SEQ_PREFILL;
+    q.flags |= PR_SEQ_NEW;
+    if (q.tokens.n > 1 || q.start_pos < q.num_prompt) q.flags |= PR_SEQ_PREFILL;
     q.sampling.temperature = s->seed >= 0 ? 1.0f : 0.0f;
     q.sampling.has_seed = s->seed >= 0;
     q.sampling.seed = s->seed >= 0 ? (uint64_t)s->seed : 0;

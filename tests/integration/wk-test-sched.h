@@ -62,6 +62,10 @@ struct wts_seq {
    * prefix-cache hit (the K/V before it is whatever the pages hold), with the
    * tokens before it in the step's `before` when send_before */
   int cached, send_before;
+  /* the prompt's last `resumed` tokens stand for generated ones (a preempted request run
+   * again): num_prompt leaves them out, and a first step of one of them alone is not
+   * PREFILL, as the scheduler sends it */
+  int resumed;
 };
 
 /* Makes a tiny checkpoint (`arch` gemma3 | gemma4) in the test's temp dir
