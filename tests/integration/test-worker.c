@@ -340,6 +340,23 @@ static int generate_counts(const char *err, int *proposed, int *taken) {
   return -1;
 }
 
+/* The first step of sequence id (the 11 tokens cp) on an echo model, from position
+ * `cached` (`resumed` of them generated ones; the tokens before it sent when
+ * send_before): it samples cp's last token again; returns the drafts proposed. */
+static int echo_first_step(struct wts *w, uint64_t id, const uint32_t *cp, int cached, int resumed,
+                           int send_before, uint32_t *drafts) {
+  struct wts_seq s;
+  int acc;
+  wts_seq_init(&s, id, cp, 11, -1);
+  s.cached = cached;
+  s.resumed = resumed;
+  s.send_before = send_before;
+  TH_REQUIRE(wts_spec_step(w, &s, 4, NULL, 0, drafts, &acc) == 0);
+  TH_CHECK_EQ_INT(s.out[0], cp[10]);
+  wts_seq_end(w, &s);
+  return w->n_drafts;
+}
+
 TH_TEST(worker_ngram_drafts) {
   th_proc_init(120);
   struct wts w;
@@ -412,39 +429,17 @@ TH_TEST(worker_ngram_drafts) {
   static const uint32_t cp[] = {2, 651, 1234, 99, 7, 651, 1234, 50, 60, 651, 1234};
   static const uint32_t want[] = {99, 7, 651, 1234};
   uint32_t drafts[4];
-  int acc;
-  wts_seq_init(&s, 20, cp, 11, -1);
-  s.cached = 8;
-  s.send_before = 1;
-  TH_REQUIRE(wts_spec_step(&w, &s, 4, NULL, 0, drafts, &acc) == 0);
-  TH_CHECK_EQ_INT(s.out[0], 1234);
-  TH_CHECK_EQ_INT(w.n_drafts, 4);
+  TH_CHECK_EQ_INT(echo_first_step(&w, 20, cp, 8, 0, 1, drafts), 4);
   TH_CHECK(!memcmp(drafts, want, sizeof(want)));
-  wts_seq_end(&w, &s);
   /* a preempted request run again after a prefix-cache hit: its last token, a generated
    * one, comes alone and without PREFILL, and counts all the same */
-  wts_seq_init(&s, 23, cp, 11, -1);
-  s.cached = 10;
-  s.resumed = 3;
-  s.send_before = 1;
-  TH_REQUIRE(wts_spec_step(&w, &s, 4, NULL, 0, drafts, &acc) == 0);
-  TH_CHECK_EQ_INT(s.out[0], 1234);
-  TH_CHECK_EQ_INT(w.n_drafts, 4);
+  TH_CHECK_EQ_INT(echo_first_step(&w, 23, cp, 10, 3, 1, drafts), 4);
   TH_CHECK(!memcmp(drafts, want, sizeof(want)));
-  wts_seq_end(&w, &s);
   /* without them the history has a gap: no drafts, and no failure */
-  wts_seq_init(&s, 21, cp, 11, -1);
-  s.cached = 8;
-  TH_REQUIRE(wts_spec_step(&w, &s, 4, NULL, 0, drafts, &acc) == 0);
-  TH_CHECK_EQ_INT(s.out[0], 1234);
-  TH_CHECK_EQ_INT(w.n_drafts, 0);
-  wts_seq_end(&w, &s);
+  TH_CHECK_EQ_INT(echo_first_step(&w, 21, cp, 8, 0, 0, drafts), 0);
   /* the whole prompt in the step: the same drafts */
-  wts_seq_init(&s, 22, cp, 11, -1);
-  TH_REQUIRE(wts_spec_step(&w, &s, 4, NULL, 0, drafts, &acc) == 0);
-  TH_CHECK_EQ_INT(w.n_drafts, 4);
+  TH_CHECK_EQ_INT(echo_first_step(&w, 22, cp, 0, 0, 0, drafts), 4);
   TH_CHECK(!memcmp(drafts, want, sizeof(want)));
-  wts_seq_end(&w, &s);
   TH_CHECK_EQ_INT(w.n_fail, 0);
   wts_close(&w);
 }
