@@ -210,6 +210,10 @@ struct sch_seq_result {
   int32_t num_verified;  /* drafts the workers verified (<= num_draft; fewer when fewer
                           * had been proposed, as in the first decode after a prefill):
                           * what the spec_* counters count */
+  int32_t num_proposed;  /* drafts the workers proposed after these tokens (<= the plan's
+                          * num_propose): a next decode planned after this result gets
+                          * no more draft slots than that, and one without gets none
+                          * (an n-gram lookup that found nothing) */
 };
 
 struct sch_output {

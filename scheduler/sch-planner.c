@@ -194,7 +194,10 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
       int32_t n = CM_MIN(remaining, prefill_cap(e, budget));
       n = chunk_end(e, r, from, from + n, budget) - from;
       if (n == 0) continue; /* an image that does not fit what is left of this step */
-      int32_t k = decode ? draft_slots(e, r, ntok, budget) : 0;
+      /* a decode verifies the drafts the last result proposed: without a step in
+       * flight that result is known, and slots past its drafts would hold nothing */
+      int32_t kb = decode ? draft_slots(e, r, ntok, budget) : 0;
+      int32_t k = prev ? kb : CM_MIN(kb, r->proposed);
       int32_t end = from + n + k, reach = prev ? decode_reach(r, end, ahead) : end;
       /* room for the step's positions and for the tokens apply will append */
       if (sch_request_reserve(r, e->kv, reach + 1) != 0) continue; /* out of memory: skip */
@@ -210,9 +213,10 @@ static bool schedule_running(struct sch_engine *e, int32_t *budget_io) {
         self = v == r;
       }
       if (self) continue;
-      /* a decode proposes as many drafts as it verifies; a final prefill chunk, what its
+      /* a decode proposes as many drafts as the budget would let it verify (more than
+       * it verifies when the last proposals fell short); a final prefill chunk, what its
        * first decode (ntok + 1 tokens) may verify */
-      int32_t propose = decode ? k : from + n == ntok ? proposals(e, r, ntok + 1) : 0;
+      int32_t propose = decode ? kb : from + n == ntok ? proposals(e, r, ntok + 1) : 0;
       add_seq(e, r, from, ntok, n, k, propose, false, prev);
       budget -= n + k;
     }
@@ -358,6 +362,7 @@ int sch_engine_apply(struct sch_engine *e, const struct sch_seq_result *results,
       /* the KV of accepted drafts was written at the positions after the step's token;
        * a stop inside the accepted run cuts them */
       r->num_computed = CM_MIN(r->num_computed + accepted, r->num_tokens);
+      r->proposed = CM_MAX(res->num_proposed, 0);
       int32_t verified = CM_MIN(res->num_verified, sc->draft);
       if (verified > 0) {
         int32_t acc = CM_MIN(accepted, verified);

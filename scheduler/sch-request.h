@@ -50,6 +50,8 @@ struct sch_request {
   void *sampling; /* [sampling_len] opaque sampling parameters, bytes */
   size_t sampling_len;
   int32_t num_preemptions;
+  int32_t proposed; /* drafts its last applied result proposed for the next decode to
+                       verify (a final prefill chunk's result comes before any decode) */
   struct sch_kv_seq kv;
   struct sch_image *images; /* [num_images] with their payloads (owned) */
   int32_t num_images;

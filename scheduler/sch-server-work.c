@@ -523,8 +523,9 @@ static void on_result(struct sch_server *s, int32_t rank, const struct pr_result
         fail_rank(s, 0, CM_ERR_RANGE, "RESULT holds a token outside the vocabulary");
         return;
       }
-    s->results[nres++] = (struct sch_seq_result){rs->seq_id, (const int32_t *)rs->tokens.v,
-                                                 (int32_t)rs->tokens.n, (int32_t)rs->num_verified};
+    s->results[nres++] = (struct sch_seq_result){
+        rs->seq_id, (const int32_t *)rs->tokens.v, (int32_t)rs->tokens.n, (int32_t)rs->num_verified,
+        (int32_t)CM_MIN(rs->drafts.n, (uint32_t)PR_MAX_DRAFT)};
   }
   struct sch_outputs outs;
   uint64_t te = cm_time_ns();

@@ -501,13 +501,9 @@ int tl_serve_main(int argc, char **argv) {
 
   if (check_tls(&s) != 0) return 2;
   if (spec_cfg) { /* said to the workers and the scheduler as the flags it stands for */
-    if (s.spec_model || spec_k_seen || s.ngram_max || s.ngram_min) {
-      fprintf(stderr, "lmserve serve: --speculative-config stands for --speculative-model, "
-                      "--num-speculative-tokens and --ngram-prompt-lookup-*: not both\n");
-      return 2;
-    }
+    bool flags = s.spec_model || spec_k_seen || s.ngram_max || s.ngram_min;
     int64_t k;
-    if (wk_spec_config_args("lmserve serve", spec_cfg, 16, spec_buf, sizeof(spec_buf),
+    if (wk_spec_config_args("lmserve serve", spec_cfg, flags, 16, spec_buf, sizeof(spec_buf),
                             &s.spec_model, &k, &s.ngram_max, &s.ngram_min))
       return 2;
     if (k) s.spec_k = k;

@@ -587,13 +587,9 @@ int wk_worker_main(int argc, char **argv) {
     return 2;
   }
   if (spec_cfg) {
-    if (spec_dir || spec_k_seen || ngram_max || ngram_min) {
-      fprintf(stderr, "lmserve worker: --speculative-config stands for --speculative-model, "
-                      "--num-speculative-tokens and --ngram-prompt-lookup-*: not both\n");
-      return 2;
-    }
-    if (wk_spec_config_args("lmserve worker", spec_cfg, PR_MAX_DRAFT, spec_buf, sizeof(spec_buf),
-                            &spec_dir, &spec_k, &ngram_max, &ngram_min))
+    bool flags = spec_dir || spec_k_seen || ngram_max || ngram_min;
+    if (wk_spec_config_args("lmserve worker", spec_cfg, flags, PR_MAX_DRAFT, spec_buf,
+                            sizeof(spec_buf), &spec_dir, &spec_k, &ngram_max, &ngram_min))
       return 2;
     spec_k_seen = spec_k > 0;
   }

@@ -99,11 +99,18 @@ static int spec_int(const char *prog, json_t *o, const char *key, int64_t lo, in
   return 0;
 }
 
-int wk_spec_config_args(const char *prog, const char *json, int64_t max_k, char *model_buf,
-                        size_t cap, const char **model, int64_t *k, int64_t *ngram_max,
-                        int64_t *ngram_min) {
+int wk_spec_config_args(const char *prog, const char *json, bool flags_given, int64_t max_k,
+                        char *model_buf, size_t cap, const char **model, int64_t *k,
+                        int64_t *ngram_max, int64_t *ngram_min) {
   static const char *const keys[] = {"method", "model", "num_speculative_tokens",
                                      "prompt_lookup_max", "prompt_lookup_min"};
+  if (flags_given) {
+    fprintf(stderr,
+            "%s: --speculative-config stands for --speculative-model, "
+            "--num-speculative-tokens and --ngram-prompt-lookup-*: not both\n",
+            prog);
+    return -1;
+  }
   json_error_t je;
   json_t *o = json_loads(json, JSON_REJECT_DUPLICATES, &je);
   int rc = -1;

@@ -6,6 +6,7 @@
 #ifndef LMSERVE_WK_NGRAM_H
 #define LMSERVE_WK_NGRAM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,11 +59,11 @@ int wk_ngram_propose(const struct wk_ngram_hist *h, int min_n, int max_n, int k,
 /* Parses json (--speculative-config) into *model ("ngram" for n-gram drafts, else the
  * assistant's path, copied into model_buf of cap bytes), *k (0 = not given) and the
  * lookup lengths (0 = not given). 0, or -1 with the reason printed after prog on stderr
- * (not an object, a key or method lmserve does not take, a value of the wrong type or
- * out of range). */
-int wk_spec_config_args(const char *prog, const char *json, int64_t max_k, char *model_buf,
-                        size_t cap, const char **model, int64_t *k, int64_t *ngram_max,
-                        int64_t *ngram_min);
+ * (flags_given: the separate flags it stands for were given too; not an object, a key
+ * or method lmserve does not take, a value of the wrong type or out of range). */
+int wk_spec_config_args(const char *prog, const char *json, bool flags_given, int64_t max_k,
+                        char *model_buf, size_t cap, const char **model, int64_t *k,
+                        int64_t *ngram_max, int64_t *ngram_min);
 
 /* Whether spec (--speculative-model, or NULL) asks for n-gram drafts: 1, with
  * the match lengths in *max_n and *min_n from the flags' values (0 = not given:

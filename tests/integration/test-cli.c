@@ -78,6 +78,43 @@ TH_TEST(cli_dtypes_refused) {
   th_lmserve_refusals(cases, sizeof(cases) / sizeof(cases[0]), 10000);
 }
 
+/* serve checks the speculative flags before any role starts, in both their forms: the
+ * JSON and the flags it stands for together, a method or key it does not serve, lookup
+ * lengths without n-gram drafts or the wrong way round. */
+TH_TEST(cli_speculative_flags_refused) {
+  th_proc_init(60);
+  static const struct th_refusal cases[] = {
+      {{"serve", "--model", "/nonexistent-lmserve", "--speculative-config",
+        "{\"method\": \"ngram\"}", "--num-speculative-tokens", "3"},
+       2,
+       "lmserve serve: --speculative-config stands for --speculative-model, "
+       "--num-speculative-tokens and --ngram-prompt-lookup-*: not both"},
+      {{"serve", "--model", "/nonexistent-lmserve", "--speculative-model", "ngram",
+        "--speculative-config", "{\"method\": \"ngram\"}"},
+       2,
+       "not both"},
+      {{"serve", "--model", "/nonexistent-lmserve", "--speculative-config",
+        "{\"method\": \"eagle\", \"model\": \"x\"}"},
+       2,
+       "method \"eagle\" is not served"},
+      {{"serve", "--model", "/nonexistent-lmserve", "--speculative-config",
+        "{\"method\": \"ngram\", \"disable_by_batch_size\": 4}"},
+       2,
+       "\"disable_by_batch_size\" is not taken"},
+      {{"serve", "--model", "/nonexistent-lmserve", "--speculative-config", "[4]"},
+       2,
+       "--speculative-config must be a JSON object"},
+      {{"serve", "--model", "/nonexistent-lmserve", "--ngram-prompt-lookup-max", "3"},
+       2,
+       "lmserve serve: --ngram-prompt-lookup-max needs --speculative-model ngram"},
+      {{"serve", "--model", "/nonexistent-lmserve", "--speculative-model", "ngram",
+        "--ngram-prompt-lookup-max", "2", "--ngram-prompt-lookup-min", "3"},
+       2,
+       "--ngram-prompt-lookup-min 3 is above --ngram-prompt-lookup-max 2"},
+  };
+  th_lmserve_refusals(cases, sizeof(cases) / sizeof(cases[0]), 10000);
+}
+
 /* `bench grammar` over a corpus: every grammar of the shipped corpus compiles (a
  * refused one would be a corpus or compiler regression) and the pooled figures
  * are printed; a corpus line that is not a grammar is an error naming the line. */

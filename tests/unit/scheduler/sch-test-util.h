@@ -41,7 +41,8 @@ struct fake_worker {
 
 /* Results for every sampling sequence. With drafts, a random number of them is
  * "accepted" (accept_all: all of them): the answer is then that many continuation
- * tokens plus the bonus one, exactly what plain decoding would produce. */
+ * tokens plus the bonus one, exactly what plain decoding would produce. The workers
+ * propose what the plan asks, or (not accept_all) now and then fewer. */
 static inline void fake_answer(struct fake_worker *w, const struct sch_plan *plan, int accept_all) {
   w->num = 0;
   for (int32_t i = 0; i < plan->num_seqs; i++) {
@@ -57,6 +58,10 @@ static inline void fake_answer(struct fake_worker *w, const struct sch_plan *pla
     w->res[w->num].tokens = w->toks[w->num];
     w->res[w->num].num_tokens = a + 1;
     w->res[w->num].num_verified = s->num_draft;
+    int32_t p = s->num_propose;
+    if (!accept_all && p > 0 && cm_xorshift64(&w->rng) % 4 == 0)
+      p = (int32_t)(cm_xorshift64(&w->rng) % (uint64_t)p);
+    w->res[w->num].num_proposed = p;
     w->num++;
   }
 }

@@ -305,7 +305,8 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
   TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 0);   /* no drafts on a prefill to verify, */
   TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3); /* but its first decode's proposed */
   int32_t t[4] = {40, 41, 42, 43};
-  struct sch_seq_result r = {.req_id = 1, .tokens = t, .num_tokens = 1, .num_verified = 0};
+  struct sch_seq_result r = {
+      .req_id = 1, .tokens = t, .num_tokens = 1, .num_verified = 0, .num_proposed = 3};
   TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
   r.num_verified = 3;
   /* decode at 7 with 3 draft slots: positions 7..10 -> blocks 0..2 */
@@ -319,7 +320,7 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
   r.num_tokens = 5;
   TH_CHECK_EQ_INT(sch_engine_apply(e, &r, 1, &o), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(sch_engine_apply(e, &r, 0, &o), CM_ERR_INVAL); /* missing */
-  struct sch_seq_result dup[2] = {{1, t, 1}, {1, t, 1}};
+  struct sch_seq_result dup[2] = {{1, t, 1, 0, 3}, {1, t, 1, 0, 3}};
   TH_CHECK_EQ_INT(sch_engine_apply(e, dup, 2, &o), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(sch_engine_plan_step(e, &plan), CM_ERR_STATE); /* still in flight */
   /* nothing accepted: the bonus token only; position 7 computed, block 2 released */
@@ -360,14 +361,15 @@ TH_TEST(spec_decode_reserves_and_rolls_back) {
   sch_engine_destroy(e);
 }
 
-/* Draft slots the workers had no drafts for (a step whose proposals stopped
- * short, as a structured output's may) are not counted as drafts. */
+/* Draft slots the workers had no drafts for (a step whose proposals stopped short
+ * after they reported them, as with async scheduling) are not counted as drafts. */
 TH_TEST(spec_counters_count_verified_drafts_only) {
   struct sch_engine *e = spec_engine();
   struct sch_plan plan;
   struct sch_outputs o;
   int32_t t[4] = {40, 41, 42, 43};
-  struct sch_seq_result r = {.req_id = 1, .tokens = t, .num_tokens = 1, .num_verified = 0};
+  struct sch_seq_result r = {
+      .req_id = 1, .tokens = t, .num_tokens = 1, .num_verified = 0, .num_proposed = 3};
   TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0); /* prefill */
   TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
   TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0); /* 3 slots, no draft came */
@@ -387,6 +389,80 @@ TH_TEST(spec_counters_count_verified_drafts_only) {
   TH_CHECK_EQ_INT(st.spec_num_accepted_tokens, 2);
   TH_CHECK_EQ_INT(st.spec_accepted_per_pos[1], 1);
   sch_engine_destroy(e);
+}
+
+/* Without a step in flight, a decode gets no more draft slots than its last result
+ * proposed drafts (none when an n-gram lookup found nothing): the budget and the blocks
+ * of the slots it would leave empty go to others. It still asks for all K proposals. A
+ * decode planned behind a step in flight cannot know that step's proposals: K slots. */
+TH_TEST(spec_slots_follow_the_proposals) {
+  for (int async = 0; async < 2; async++) {
+    struct sch_engine_config c;
+    fake_config(&c, 64, 4, 64, 4, 64);
+    c.num_spec_tokens = 3;
+    c.vocab_size = 2000;
+    c.async_scheduling = async;
+    struct sch_engine *e = fake_engine(&c);
+    char err[256];
+    TH_REQUIRE(fake_add(e, 1, P1, 7, 12, err, sizeof(err)) == 0);
+    struct sch_plan plan;
+    struct sch_outputs o;
+    int32_t t[4] = {40, 41, 42, 43};
+    struct sch_seq_result r = {.req_id = 1, .tokens = t, .num_tokens = 1};
+    TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0); /* prefill: it proposes 3 */
+    TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3);
+    if (async) {
+      /* behind the prefill in flight: its first decode, 3 slots whatever comes */
+      struct sch_plan next;
+      TH_REQUIRE(sch_engine_plan_step(e, &next) == 0);
+      TH_CHECK_EQ_INT(next.seqs[0].num_draft, 3);
+      TH_CHECK_EQ_INT(next.seqs[0].num_propose, 3);
+      TH_CHECK_EQ_INT(next.num_tokens, 4);
+      r.num_proposed = 0;
+      TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+      r.num_proposed = 3;
+      TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+      CHECK_ENGINE(e);
+      /* nothing in flight now: the last result's 3 count */
+      TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+      TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
+      sch_engine_destroy(e);
+      continue;
+    }
+    r.num_proposed = 0; /* the lookup found nothing */
+    TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+    TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+    TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 7);
+    TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 0);
+    TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3);
+    TH_CHECK_EQ_INT(plan.num_tokens, 1);
+    TH_CHECK_EQ_INT(plan.seqs[0].num_blocks[0], 2); /* positions 0..8 of the next */
+    r.num_proposed = 2;
+    TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+    CHECK_ENGINE(e);
+    TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+    TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 2);
+    TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3);
+    TH_CHECK_EQ_INT(plan.num_tokens, 3);
+    r.num_tokens = 3; /* both taken */
+    r.num_verified = 2;
+    r.num_proposed = 3;
+    TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+    TH_CHECK(o.num == 1 && o.items[0].num_new == 3);
+    CHECK_ENGINE(e);
+    TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+    TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
+    TH_CHECK_EQ_INT(plan.num_tokens, 4);
+    /* more than it asked for counts as what it asked for */
+    r.num_tokens = 1;
+    r.num_proposed = 60;
+    TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+    TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+    TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
+    TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
+    CHECK_ENGINE(e);
+    sch_engine_destroy(e);
+  }
 }
 
 TH_TEST(failed_step_and_lost_kv_recompute) {

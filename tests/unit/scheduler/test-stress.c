@@ -25,6 +25,7 @@ struct tracked {
   bool ignore_eos, live, aborted, finished;
   int32_t out[MAX_LEN];
   int32_t nout;
+  int32_t proposed; /* drafts its last applied result proposed */
   enum sch_finish fin;
   int64_t arrived, done; /* steps */
 };
@@ -141,6 +142,9 @@ static void check_plan(struct stress *s, const struct sch_plan *plan) {
     if (q->tokens[0] == SCH_TOKEN_PREV) {
       TH_CHECK(s->cfg.async_scheduling && q->num_tokens == 1 && q->sample);
       TH_CHECK_EQ_INT(q->start_pos, r->plen + r->nout);
+    } else {
+      /* no draft slots past the drafts its last result proposed */
+      TH_CHECK(q->num_draft <= r->proposed);
     }
     for (int32_t j = q->tokens[0] == SCH_TOKEN_PREV; j < q->num_tokens; j++) {
       int32_t pos = q->start_pos + j;
@@ -299,6 +303,8 @@ static void apply_results(struct stress *s, const struct fake_worker *w, bool ar
   struct sch_outputs o;
   TH_REQUIRE(sch_engine_apply(s->e, w->res, w->num, &o) == 0);
   CHECK_ENGINE(s->e);
+  for (int32_t j = 0; j < w->num; j++)
+    s->reqs[w->res[j].req_id - 1].proposed = w->res[j].num_proposed;
   take_outputs(s, &o);
 }
 
