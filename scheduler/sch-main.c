@@ -40,7 +40,7 @@ static int resolve_endpoint(const char *flag, const char *in, char *out, size_t 
 
 int sch_main(int argc, char **argv) {
   const char *model = NULL, *front_ep = NULL, *work_ep = NULL;
-  int64_t world = 1, max_seqs = 256, max_batched = 8192, max_len = 0, spec_k = 0,
+  int64_t world = 1, max_seqs = 256, max_batched = 8192, max_len = 0, spec_k = 0, spec_disable = 0,
           max_waiting = 4096;
   double worker_timeout = 0, beat_interval = 1;
   int64_t beat_limit = 3;
@@ -64,6 +64,9 @@ int sch_main(int argc, char **argv) {
        "reuse KV blocks of shared prompt prefixes (default on)", 0, 0, 0, 0, NULL},
       {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K",
        "draft tokens per decode step (default 0)", 0, 64, 0, 0, NULL},
+      {"speculative-disable-by-batch-size", CM_OPT_INT, &spec_disable, "N",
+       "decode without drafts while more than N requests run (vLLM's; default: always draft)", 1,
+       65536, 0, 0, NULL},
       {"async-scheduling", CM_OPT_BOOL, &async_sched, NULL,
        "plan the next step while the workers run one (default on)", 0, 0, 0, 0, NULL},
       {"max-waiting", CM_OPT_INT, &max_waiting, "N", "queued requests at most (default 4096)", 1,
@@ -102,6 +105,7 @@ int sch_main(int argc, char **argv) {
   cfg.max_num_batched_tokens = (int32_t)max_batched;
   cfg.max_model_len = (int32_t)max_len;
   cfg.num_spec_tokens = (int32_t)spec_k;
+  cfg.spec_disable_batch = (int32_t)spec_disable;
   cfg.max_waiting = (int32_t)max_waiting;
   cfg.enable_prefix_caching = prefix_caching != 0;
   cfg.async_scheduling = async_sched != 0;

@@ -244,6 +244,7 @@ static void start_service(struct sch_server *s) {
     ec.max_model_len = (int32_t)want.max_model_len;
     ec.max_waiting = s->cfg.max_waiting;
     ec.num_spec_tokens = (int32_t)CM_MIN((uint32_t)s->cfg.num_spec_tokens, want.max_draft);
+    ec.spec_disable_batch = s->cfg.spec_disable_batch;
     if (ec.num_spec_tokens < s->cfg.num_spec_tokens)
       cm_warn(TAG, "workers propose at most %u drafts: %d speculative tokens instead of %d",
               want.max_draft, (int)ec.num_spec_tokens, (int)s->cfg.num_spec_tokens);

@@ -78,6 +78,7 @@ struct tl_serve {
   int64_t dp; /* model replicas, each a scheduler and its worker group */
   int64_t port, max_num_seqs, max_batched, max_model_len, block_size, tp, spec_k, threads;
   int64_t ngram_max, ngram_min; /* --ngram-prompt-lookup-max / -min, 0 = not given */
+  int64_t spec_disable;         /* --speculative-disable-by-batch-size, 0 = not given */
   int64_t ready_timeout_s, drain_timeout_s;
   double beat_s;              /* worker heartbeat period, seconds */
   int64_t beat_limit;         /* heartbeats missed before a role counts as hung */

@@ -271,6 +271,8 @@ int tl_srv_start_scheduler(struct tl_serve *s, struct tl_engine *e) {
   argv_add_str(&a, "--worker-endpoint", e->ep_work);
   argv_add_shared(&a, s);
   if (s->max_model_len > 0) argv_add_int(&a, "--max-model-len", s->max_model_len);
+  if (s->spec_model && s->spec_disable)
+    argv_add_int(&a, "--speculative-disable-by-batch-size", s->spec_disable);
   argv_add(&a, s->prefix_caching ? "--enable-prefix-caching" : "--no-enable-prefix-caching");
   argv_add(&a, s->async_scheduling ? "--async-scheduling" : "--no-async-scheduling");
   argv_add_fmt(&a, "--heartbeat-interval", "%.17g", s->beat_s);
@@ -454,6 +456,9 @@ int tl_serve_main(int argc, char **argv) {
       {"ngram-prompt-lookup-max", CM_OPT_INT, &s.ngram_max, "N", WK_NGRAM_MAX_HELP, 1, 1024},
       {"ngram-prompt-lookup-min", CM_OPT_INT, &s.ngram_min, "N", WK_NGRAM_MIN_HELP, 1, 1024},
       {"speculative-config", CM_OPT_STR, &spec_cfg, "JSON", WK_SPEC_CONFIG_HELP},
+      {"speculative-disable-by-batch-size", CM_OPT_INT, &s.spec_disable, "N",
+       "decode without drafts while more than N requests run (vLLM's; default: always draft)", 1,
+       65536},
       {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",
        1, 86400},
       {"drain-timeout", CM_OPT_INT, &s.drain_timeout_s, "S",
@@ -501,12 +506,20 @@ int tl_serve_main(int argc, char **argv) {
 
   if (check_tls(&s) != 0) return 2;
   if (spec_cfg) { /* said to the workers and the scheduler as the flags it stands for */
-    bool flags = s.spec_model || spec_k_seen || s.ngram_max || s.ngram_min;
-    int64_t k;
-    if (wk_spec_config_args("lmserve serve", spec_cfg, flags, 16, spec_buf, sizeof(spec_buf),
-                            &s.spec_model, &k, &s.ngram_max, &s.ngram_min))
+    bool flags = s.spec_model || spec_k_seen || s.ngram_max || s.ngram_min || s.spec_disable;
+    struct wk_spec_json sj;
+    if (wk_spec_config_args("lmserve serve", spec_cfg, flags, 16, spec_buf, sizeof(spec_buf), &sj))
       return 2;
-    if (k) s.spec_k = k;
+    s.spec_model = sj.model;
+    if (sj.k) s.spec_k = sj.k;
+    s.ngram_max = sj.ngram_max;
+    s.ngram_min = sj.ngram_min;
+    s.spec_disable = sj.disable_batch;
+  }
+  if (s.spec_disable && !s.spec_model) {
+    fprintf(stderr, "lmserve serve: --speculative-disable-by-batch-size needs speculative "
+                    "decoding (--speculative-model)\n");
+    return 2;
   }
   int64_t ngram_max, ngram_min; /* checked here, said to the workers as given */
   if (wk_spec_ngram_args("lmserve serve", s.spec_model, s.ngram_max, s.ngram_min, &ngram_max,

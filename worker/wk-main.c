@@ -588,9 +588,14 @@ int wk_worker_main(int argc, char **argv) {
   }
   if (spec_cfg) {
     bool flags = spec_dir || spec_k_seen || ngram_max || ngram_min;
+    struct wk_spec_json sj;
     if (wk_spec_config_args("lmserve worker", spec_cfg, flags, PR_MAX_DRAFT, spec_buf,
-                            sizeof(spec_buf), &spec_dir, &spec_k, &ngram_max, &ngram_min))
+                            sizeof(spec_buf), &sj))
       return 2;
+    spec_dir = sj.model;
+    spec_k = sj.k;
+    ngram_max = sj.ngram_max;
+    ngram_min = sj.ngram_min;
     spec_k_seen = spec_k > 0;
   }
   if (spec_k_seen && !spec_dir) {

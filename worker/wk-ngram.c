@@ -100,22 +100,25 @@ static int spec_int(const char *prog, json_t *o, const char *key, int64_t lo, in
 }
 
 int wk_spec_config_args(const char *prog, const char *json, bool flags_given, int64_t max_k,
-                        char *model_buf, size_t cap, const char **model, int64_t *k,
-                        int64_t *ngram_max, int64_t *ngram_min) {
-  static const char *const keys[] = {"method", "model", "num_speculative_tokens",
-                                     "prompt_lookup_max", "prompt_lookup_min"};
+                        char *model_buf, size_t cap, struct wk_spec_json *out) {
+  static const char *const keys[] = {"method",
+                                     "model",
+                                     "num_speculative_tokens",
+                                     "prompt_lookup_max",
+                                     "prompt_lookup_min",
+                                     "disable_by_batch_size"};
   if (flags_given) {
     fprintf(stderr,
             "%s: --speculative-config stands for --speculative-model, "
-            "--num-speculative-tokens and --ngram-prompt-lookup-*: not both\n",
+            "--num-speculative-tokens, --ngram-prompt-lookup-* and "
+            "--speculative-disable-by-batch-size: not both\n",
             prog);
     return -1;
   }
   json_error_t je;
   json_t *o = json_loads(json, JSON_REJECT_DUPLICATES, &je);
   int rc = -1;
-  *model = NULL;
-  *k = *ngram_max = *ngram_min = 0;
+  memset(out, 0, sizeof(*out));
   if (!json_is_object(o)) {
     fprintf(stderr, "%s: --speculative-config must be a JSON object%s%s\n", prog, o ? "" : ": ",
             o ? "" : je.text);
@@ -130,7 +133,8 @@ int wk_spec_config_args(const char *prog, const char *json, bool flags_given, in
     if (i == sizeof(keys) / sizeof(keys[0])) {
       fprintf(stderr,
               "%s: --speculative-config: \"%s\" is not taken (lmserve takes method, model, "
-              "num_speculative_tokens, prompt_lookup_max and prompt_lookup_min)\n",
+              "num_speculative_tokens, prompt_lookup_max, prompt_lookup_min and "
+              "disable_by_batch_size)\n",
               prog, key);
       goto done;
     }
@@ -170,16 +174,17 @@ int wk_spec_config_args(const char *prog, const char *json, bool flags_given, in
             prog);
     goto done;
   }
-  if (spec_int(prog, o, "num_speculative_tokens", 1, max_k, k) ||
-      spec_int(prog, o, "prompt_lookup_max", 1, 1024, ngram_max) ||
-      spec_int(prog, o, "prompt_lookup_min", 1, 1024, ngram_min))
+  if (spec_int(prog, o, "num_speculative_tokens", 1, max_k, &out->k) ||
+      spec_int(prog, o, "prompt_lookup_max", 1, 1024, &out->ngram_max) ||
+      spec_int(prog, o, "prompt_lookup_min", 1, 1024, &out->ngram_min) ||
+      spec_int(prog, o, "disable_by_batch_size", 1, 65536, &out->disable_batch))
     goto done;
   if (!ngram && strlen(path) >= cap) {
     fprintf(stderr, "%s: --speculative-config: model path too long\n", prog);
     goto done;
   }
   snprintf(model_buf, cap, "%s", ngram ? "ngram" : path);
-  *model = model_buf;
+  out->model = model_buf;
   rc = 0;
 done:
   json_decref(o);

@@ -48,22 +48,31 @@ int wk_ngram_propose(const struct wk_ngram_hist *h, int min_n, int max_n, int k,
   "with --speculative-model ngram: the shortest suffix matched (--ngram-prompt-lookup-max, "       \
   "else 5)"
 
-/* --speculative-config JSON (serve, worker): vLLM's form of the flags above, an object
- * of "method" ("ngram", or "mtp" / "draft_model" with "model" an assistant checkpoint;
- * without it, "model" as --speculative-model takes it), "num_speculative_tokens" (1 ..
- * max_k) and, with ngram, "prompt_lookup_max" / "prompt_lookup_min". */
+/* --speculative-config JSON (serve, worker): vLLM's form of the flags above,
+ * an object of "method" ("ngram", or "mtp" / "draft_model" with "model" an assistant
+ * checkpoint; without it, "model" as --speculative-model takes it),
+ * "num_speculative_tokens" (1 .. max_k), with ngram "prompt_lookup_max" /
+ * "prompt_lookup_min", and "disable_by_batch_size" (serve says it to the scheduler as
+ * --speculative-disable-by-batch-size; a worker has no use for it). */
 #define WK_SPEC_CONFIG_HELP                                                                        \
   "speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", "                            \
   "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' (instead of the flags)"
 
-/* Parses json (--speculative-config) into *model ("ngram" for n-gram drafts, else the
- * assistant's path, copied into model_buf of cap bytes), *k (0 = not given) and the
- * lookup lengths (0 = not given). 0, or -1 with the reason printed after prog on stderr
+/* What --speculative-config says: 0 = not given. */
+struct wk_spec_json {
+  const char *model;     /* "ngram", or the assistant's path (in the caller's buffer) */
+  int64_t k;             /* num_speculative_tokens */
+  int64_t ngram_max;     /* prompt_lookup_max */
+  int64_t ngram_min;     /* prompt_lookup_min */
+  int64_t disable_batch; /* disable_by_batch_size */
+};
+
+/* Parses json (--speculative-config) into *out, the assistant's path copied into
+ * model_buf of cap bytes. 0, or -1 with the reason printed after prog on stderr
  * (flags_given: the separate flags it stands for were given too; not an object, a key
  * or method lmserve does not take, a value of the wrong type or out of range). */
 int wk_spec_config_args(const char *prog, const char *json, bool flags_given, int64_t max_k,
-                        char *model_buf, size_t cap, const char **model, int64_t *k,
-                        int64_t *ngram_max, int64_t *ngram_min);
+                        char *model_buf, size_t cap, struct wk_spec_json *out);
 
 /* Whether spec (--speculative-model, or NULL) asks for n-gram drafts: 1, with
  * the match lengths in *max_n and *min_n from the flags' values (0 = not given:

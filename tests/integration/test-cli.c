@@ -88,7 +88,8 @@ TH_TEST(cli_speculative_flags_refused) {
         "{\"method\": \"ngram\"}", "--num-speculative-tokens", "3"},
        2,
        "lmserve serve: --speculative-config stands for --speculative-model, "
-       "--num-speculative-tokens and --ngram-prompt-lookup-*: not both"},
+       "--num-speculative-tokens, --ngram-prompt-lookup-* and "
+       "--speculative-disable-by-batch-size: not both"},
       {{"serve", "--model", "/nonexistent-lmserve", "--speculative-model", "ngram",
         "--speculative-config", "{\"method\": \"ngram\"}"},
        2,
@@ -98,9 +99,9 @@ TH_TEST(cli_speculative_flags_refused) {
        2,
        "method \"eagle\" is not served"},
       {{"serve", "--model", "/nonexistent-lmserve", "--speculative-config",
-        "{\"method\": \"ngram\", \"disable_by_batch_size\": 4}"},
+        "{\"method\": \"ngram\", \"acceptance_method\": \"typical\"}"},
        2,
-       "\"disable_by_batch_size\" is not taken"},
+       "\"acceptance_method\" is not taken"},
       {{"serve", "--model", "/nonexistent-lmserve", "--speculative-config", "[4]"},
        2,
        "--speculative-config must be a JSON object"},
@@ -111,6 +112,21 @@ TH_TEST(cli_speculative_flags_refused) {
         "--ngram-prompt-lookup-max", "2", "--ngram-prompt-lookup-min", "3"},
        2,
        "--ngram-prompt-lookup-min 3 is above --ngram-prompt-lookup-max 2"},
+      {{"serve", "--model", "/nonexistent-lmserve", "--speculative-model", "ngram",
+        "--speculative-disable-by-batch-size", "0"},
+       2,
+       "--speculative-disable-by-batch-size must be between 1 and 65536"},
+      {{"serve", "--model", "/nonexistent-lmserve", "--speculative-disable-by-batch-size", "8"},
+       2,
+       "--speculative-disable-by-batch-size needs speculative decoding"},
+      {{"serve", "--model", "/nonexistent-lmserve", "--speculative-config",
+        "{\"method\": \"ngram\", \"disable_by_batch_size\": 0}"},
+       2,
+       "disable_by_batch_size must be an integer in [1, 65536]"},
+      {{"serve", "--model", "/nonexistent-lmserve", "--speculative-config",
+        "{\"method\": \"ngram\"}", "--speculative-disable-by-batch-size", "8"},
+       2,
+       "not both"},
   };
   th_lmserve_refusals(cases, sizeof(cases) / sizeof(cases[0]), 10000);
 }

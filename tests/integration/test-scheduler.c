@@ -310,6 +310,41 @@ TH_TEST(sched_speculative_decoding) {
   env_close(&e, &c);
 }
 
+/* --speculative-disable-by-batch-size 1: a request alone drafts; four that run together
+ * draft only while fewer than two of them run (a few steps at either end, where the ADDs
+ * arrive and where the last ones finish), and give the model's tokens all the same. */
+TH_TEST(sched_speculation_off_above_batch_size) {
+  struct env e;
+  const char *sx[] = {"--num-speculative-tokens", "3", "--speculative-disable-by-batch-size", "1",
+                      NULL};
+  const char *wx[] = {"--max-draft", "3", NULL};
+  struct client c;
+  env_open(&e, &c, 1, sx, wx, g_reqs, 5);
+  make_req(&g_reqs[0], 1, 20, 80);
+  g_reqs[0].ignore_eos = true;
+  send_add(&c, &g_reqs[0]);
+  wait_done(&c, 20000);
+  check_req(&g_reqs[0]);
+  ping(&c);
+  double alone = (double)c.pong.spec_num_draft_tokens;
+  for (int i = 1; i < 5; i++) {
+    make_req(&g_reqs[i], 1 + (uint64_t)i, 20, 80);
+    g_reqs[i].ignore_eos = true;
+    send_add(&c, &g_reqs[i]);
+  }
+  wait_done(&c, 20000);
+  for (int i = 1; i < 5; i++)
+    check_req(&g_reqs[i]);
+  ping(&c);
+  double together = (double)c.pong.spec_num_draft_tokens - alone;
+  fprintf(stderr, "draft tokens: %.0f for one request alone, %.0f for four together\n", alone,
+          together);
+  TH_CHECK(alone >= 30);
+  TH_CHECK(together < alone); /* drafting all along, they would draft about 4 x alone */
+  TH_CHECK(c.pong.kv_usage == 0);
+  env_close(&e, &c);
+}
+
 TH_TEST(sched_two_frontends_two_ranks) {
   struct env e;
   struct client c1, c2;

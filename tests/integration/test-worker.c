@@ -554,8 +554,9 @@ TH_TEST(worker_refuses_bad_flags) {
   /* vLLM's JSON form: a method it does not serve, a key it does not take, both forms */
   static const char *const bad_cfg[][2] = {
       {"{\"method\": \"eagle3\", \"model\": \"x\"}", "method \"eagle3\" is not served"},
-      {"{\"method\": \"ngram\", \"disable_by_batch_size\": 4}",
-       "\"disable_by_batch_size\" is not taken"},
+      {"{\"method\": \"ngram\", \"acceptance_method\": \"typical\"}",
+       "\"acceptance_method\" is not taken"},
+      {"{\"method\": \"ngram\", \"disable_by_batch_size\": 0}", "must be an integer in [1, 65536]"},
       {"{\"method\": \"ngram\", \"num_speculative_tokens\": 0}", "must be an integer in [1, 64]"},
       {"[\"ngram\"]", "must be a JSON object"},
       {"{\"method\": \"mtp\", \"model\": \"ngram\"}", "takes an assistant checkpoint"},

@@ -465,6 +465,47 @@ TH_TEST(spec_slots_follow_the_proposals) {
   }
 }
 
+/* spec_disable_batch 1 (vLLM's disable_by_batch_size): while more than one request runs,
+ * no decode gets draft slots and none asks for proposals; alone again, a request asks
+ * for them, and verifies them the step after. */
+TH_TEST(spec_off_above_batch_size) {
+  struct sch_engine_config c;
+  fake_config(&c, 64, 4, 64, 4, 64);
+  c.num_spec_tokens = 3;
+  c.vocab_size = 2000;
+  c.spec_disable_batch = 1;
+  struct sch_engine *e = fake_engine(&c);
+  struct fake_worker w = {.rng = 3};
+  char err[256];
+  struct sch_plan plan;
+  TH_REQUIRE(fake_add(e, 1, P1, 7, 30, err, sizeof(err)) == 0);
+  fake_step(e, &w, &plan);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3); /* alone */
+  TH_REQUIRE(fake_add(e, 2, P2, 8, 30, err, sizeof(err)) == 0);
+  fake_step(e, &w, &plan); /* 1 decodes (alone when planned), then 2 is admitted */
+  TH_REQUIRE(plan.num_seqs == 2);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 1)->num_draft, 3);
+  TH_CHECK_EQ_INT(fake_find_seq(&plan, 2)->num_propose, 0);
+  for (int i = 0; i < 3; i++) { /* two run: no drafts */
+    fake_step(e, &w, &plan);
+    TH_REQUIRE(plan.num_seqs == 2);
+    for (int j = 0; j < 2; j++) {
+      TH_CHECK_EQ_INT(plan.seqs[j].num_draft, 0);
+      TH_CHECK_EQ_INT(plan.seqs[j].num_propose, 0);
+    }
+  }
+  TH_CHECK_EQ_INT(sch_engine_abort(e, 2), 0);
+  fake_step(e, &w, &plan); /* alone again: it asks, */
+  TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 0);
+  TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3);
+  fake_step(e, &w, &plan); /* and verifies */
+  TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
+  c.spec_disable_batch = -1;
+  struct sch_engine *bad = NULL;
+  TH_CHECK_EQ_INT(sch_engine_create(&c, &bad, err, sizeof(err)), CM_ERR_INVAL);
+  sch_engine_destroy(e);
+}
+
 TH_TEST(failed_step_and_lost_kv_recompute) {
   struct sch_engine *e = engine(64, 4, 64, 4, 64, 1, 2);
   struct fake_worker w = {.rng = 9};
