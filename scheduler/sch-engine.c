@@ -34,8 +34,8 @@ static int check_config(const struct sch_engine_config *c, char *err, size_t err
   if (c->max_model_len < 1) return cm_fail(err, err_len, CM_ERR_INVAL, "max_model_len must be positive");
   if (c->num_spec_tokens < 0 || c->num_spec_tokens > SCH_MAX_SPEC_TOKENS)
     return cm_fail(err, err_len, CM_ERR_INVAL, "num_spec_tokens must be 0..64");
-  if (c->spec_disable_batch < 0)
-    return cm_fail(err, err_len, CM_ERR_INVAL, "spec_disable_batch must not be negative");
+  if (c->spec_disable_batch < 0 || c->spec_disable_batch == 1)
+    return cm_fail(err, err_len, CM_ERR_INVAL, "spec_disable_batch must be 0 or at least 2");
   if (c->max_num_batched_tokens < 1 + c->num_spec_tokens)
     return cm_fail(err, err_len, CM_ERR_INVAL, "max_num_batched_tokens must hold one decode with its drafts");
   if (c->max_waiting < 1) return cm_fail(err, err_len, CM_ERR_INVAL, "max_waiting must be at least 1");

@@ -81,9 +81,9 @@ struct sch_engine_config {
   int32_t max_model_len;            /* prompt + generated, tokens */
   int32_t max_waiting;              /* queued requests at most; beyond: CM_ERR_FULL */
   int32_t num_spec_tokens;          /* draft slots K per decode (0 = no speculation) */
-  int32_t spec_disable_batch;       /* while more requests than this run, decodes get no
-                                       draft slots and propose none (vLLM's
-                                       disable_by_batch_size; 0 = never) */
+  int32_t spec_disable_batch;       /* while this many requests or more run, decodes get
+                                       no draft slots and propose none (vLLM's
+                                       disable_by_batch_size; 0 = never, else >= 2) */
   int32_t long_prefill_threshold;   /* a prefill chunk takes at most this many tokens of a
                                       step, so that short prompts beside a long one start
                                       soon (0 = no limit) */

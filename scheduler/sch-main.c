@@ -65,7 +65,7 @@ int sch_main(int argc, char **argv) {
       {"num-speculative-tokens", CM_OPT_INT, &spec_k, "K",
        "draft tokens per decode step (default 0)", 0, 64, 0, 0, NULL},
       {"speculative-disable-by-batch-size", CM_OPT_INT, &spec_disable, "N",
-       "decode without drafts while more than N requests run (vLLM's; default: always draft)", 1,
+       "decode without drafts while N or more requests run (vLLM's; default: always draft)", 2,
        65536, 0, 0, NULL},
       {"async-scheduling", CM_OPT_BOOL, &async_sched, NULL,
        "plan the next step while the workers run one (default on)", 0, 0, 0, 0, NULL},

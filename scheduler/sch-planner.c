@@ -103,6 +103,7 @@ static void preempt(struct sch_engine *e, struct sch_request *r, bool in_plan) {
   sch_kv_free(e->kv, &r->kv);
   sch_queue_run_remove(&e->q, r);
   r->num_computed = 0;
+  r->proposed = 0; /* the workers forget its drafts; its last prefill chunk proposes again */
   r->state = SCH_REQ_PREEMPTED;
   r->num_preemptions++;
   if (r->in_worker && in_plan) {
@@ -117,11 +118,11 @@ static void preempt(struct sch_engine *e, struct sch_request *r, bool in_plan) {
 }
 
 /* Drafts a decode of r with ntok tokens may verify: at most K, and no more than the
- * tokens the request may still generate after that step's own; none while more
- * requests run than spec_disable_batch (counted as the plan goes: admissions add,
+ * tokens the request may still generate after that step's own; none while
+ * spec_disable_batch or more requests run (counted as the plan goes: admissions add,
  * preemptions take away). */
 static int32_t proposals(const struct sch_engine *e, const struct sch_request *r, int32_t ntok) {
-  if (e->cfg.spec_disable_batch > 0 && e->q.num_running > e->cfg.spec_disable_batch) return 0;
+  if (e->cfg.spec_disable_batch > 0 && e->q.num_running >= e->cfg.spec_disable_batch) return 0;
   int32_t k = CM_MIN(e->cfg.num_spec_tokens, r->max_tokens - (ntok - r->num_prompt) - 1);
   return k > 0 ? k : 0;
 }

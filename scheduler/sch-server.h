@@ -37,7 +37,7 @@ struct sch_server_config {
   int32_t max_num_batched_tokens;
   int32_t max_model_len;   /* tokens; 0 = the workers' value, else min(this, theirs) */
   int32_t num_spec_tokens; /* draft slots per decode; capped by the workers' max_draft */
-  int32_t spec_disable_batch; /* no drafts while more requests run (0: always) */
+  int32_t spec_disable_batch; /* no drafts while this many requests or more run (0: never) */
   int32_t max_waiting;     /* queued requests at most */
   bool enable_prefix_caching;
   bool async_scheduling;      /* plan step N+1 while step N runs */

@@ -457,7 +457,7 @@ int tl_serve_main(int argc, char **argv) {
       {"ngram-prompt-lookup-min", CM_OPT_INT, &s.ngram_min, "N", WK_NGRAM_MIN_HELP, 1, 1024},
       {"speculative-config", CM_OPT_STR, &spec_cfg, "JSON", WK_SPEC_CONFIG_HELP},
       {"speculative-disable-by-batch-size", CM_OPT_INT, &s.spec_disable, "N",
-       "decode without drafts while more than N requests run (vLLM's; default: always draft)", 1,
+       "decode without drafts while N or more requests run (vLLM's; default: always draft)", 2,
        65536},
       {"ready-timeout", CM_OPT_INT, &s.ready_timeout_s, "S", "seconds to wait for readiness (600)",
        1, 86400},

@@ -592,6 +592,9 @@ int wk_worker_main(int argc, char **argv) {
     if (wk_spec_config_args("lmserve worker", spec_cfg, flags, PR_MAX_DRAFT, spec_buf,
                             sizeof(spec_buf), &sj))
       return 2;
+    if (sj.disable_batch)
+      cm_warn(TAG, "--speculative-config: disable_by_batch_size is the scheduler's "
+                   "(--speculative-disable-by-batch-size); a worker has no use for it");
     spec_dir = sj.model;
     spec_k = sj.k;
     ngram_max = sj.ngram_max;

@@ -107,18 +107,14 @@ int wk_spec_config_args(const char *prog, const char *json, bool flags_given, in
                                      "prompt_lookup_max",
                                      "prompt_lookup_min",
                                      "disable_by_batch_size"};
+  memset(out, 0, sizeof(*out));
   if (flags_given) {
-    fprintf(stderr,
-            "%s: --speculative-config stands for --speculative-model, "
-            "--num-speculative-tokens, --ngram-prompt-lookup-* and "
-            "--speculative-disable-by-batch-size: not both\n",
-            prog);
+    fprintf(stderr, "%s: --speculative-config or the separate speculative flags, not both\n", prog);
     return -1;
   }
   json_error_t je;
   json_t *o = json_loads(json, JSON_REJECT_DUPLICATES, &je);
   int rc = -1;
-  memset(out, 0, sizeof(*out));
   if (!json_is_object(o)) {
     fprintf(stderr, "%s: --speculative-config must be a JSON object%s%s\n", prog, o ? "" : ": ",
             o ? "" : je.text);
@@ -177,7 +173,7 @@ int wk_spec_config_args(const char *prog, const char *json, bool flags_given, in
   if (spec_int(prog, o, "num_speculative_tokens", 1, max_k, &out->k) ||
       spec_int(prog, o, "prompt_lookup_max", 1, 1024, &out->ngram_max) ||
       spec_int(prog, o, "prompt_lookup_min", 1, 1024, &out->ngram_min) ||
-      spec_int(prog, o, "disable_by_batch_size", 1, 65536, &out->disable_batch))
+      spec_int(prog, o, "disable_by_batch_size", 2, 65536, &out->disable_batch))
     goto done;
   if (!ngram && strlen(path) >= cap) {
     fprintf(stderr, "%s: --speculative-config: model path too long\n", prog);

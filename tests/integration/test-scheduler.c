@@ -310,12 +310,12 @@ TH_TEST(sched_speculative_decoding) {
   env_close(&e, &c);
 }
 
-/* --speculative-disable-by-batch-size 1: a request alone drafts; four that run together
+/* --speculative-disable-by-batch-size 2: a request alone drafts; four that run together
  * draft only while fewer than two of them run (a few steps at either end, where the ADDs
  * arrive and where the last ones finish), and give the model's tokens all the same. */
 TH_TEST(sched_speculation_off_above_batch_size) {
   struct env e;
-  const char *sx[] = {"--num-speculative-tokens", "3", "--speculative-disable-by-batch-size", "1",
+  const char *sx[] = {"--num-speculative-tokens", "3", "--speculative-disable-by-batch-size", "2",
                       NULL};
   const char *wx[] = {"--max-draft", "3", NULL};
   struct client c;

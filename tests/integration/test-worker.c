@@ -556,7 +556,7 @@ TH_TEST(worker_refuses_bad_flags) {
       {"{\"method\": \"eagle3\", \"model\": \"x\"}", "method \"eagle3\" is not served"},
       {"{\"method\": \"ngram\", \"acceptance_method\": \"typical\"}",
        "\"acceptance_method\" is not taken"},
-      {"{\"method\": \"ngram\", \"disable_by_batch_size\": 0}", "must be an integer in [1, 65536]"},
+      {"{\"method\": \"ngram\", \"disable_by_batch_size\": 1}", "must be an integer in [2, 65536]"},
       {"{\"method\": \"ngram\", \"num_speculative_tokens\": 0}", "must be an integer in [1, 64]"},
       {"[\"ngram\"]", "must be a JSON object"},
       {"{\"method\": \"mtp\", \"model\": \"ngram\"}", "takes an assistant checkpoint"},

@@ -420,12 +420,16 @@ TH_TEST(spec_slots_follow_the_proposals) {
       TH_CHECK_EQ_INT(next.num_tokens, 4);
       r.num_proposed = 0;
       TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
-      r.num_proposed = 3;
+      r.num_proposed = 1;
       TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
       CHECK_ENGINE(e);
-      /* nothing in flight now: the last result's 3 count */
+      /* nothing in flight now: the last result's 1 counts */
       TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
-      TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
+      TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 1);
+      TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3);
+      /* and behind it, 3 slots again */
+      TH_REQUIRE(sch_engine_plan_step(e, &next) == 0);
+      TH_CHECK_EQ_INT(next.seqs[0].num_draft, 3);
       sch_engine_destroy(e);
       continue;
     }
@@ -465,7 +469,7 @@ TH_TEST(spec_slots_follow_the_proposals) {
   }
 }
 
-/* spec_disable_batch 1 (vLLM's disable_by_batch_size): while more than one request runs,
+/* spec_disable_batch 2 (vLLM's disable_by_batch_size): while two requests or more run,
  * no decode gets draft slots and none asks for proposals; alone again, a request asks
  * for them, and verifies them the step after. */
 TH_TEST(spec_off_above_batch_size) {
@@ -473,7 +477,7 @@ TH_TEST(spec_off_above_batch_size) {
   fake_config(&c, 64, 4, 64, 4, 64);
   c.num_spec_tokens = 3;
   c.vocab_size = 2000;
-  c.spec_disable_batch = 1;
+  c.spec_disable_batch = 2;
   struct sch_engine *e = fake_engine(&c);
   struct fake_worker w = {.rng = 3};
   char err[256];
@@ -500,8 +504,10 @@ TH_TEST(spec_off_above_batch_size) {
   TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3);
   fake_step(e, &w, &plan); /* and verifies */
   TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
-  c.spec_disable_batch = -1;
   struct sch_engine *bad = NULL;
+  c.spec_disable_batch = -1;
+  TH_CHECK_EQ_INT(sch_engine_create(&c, &bad, err, sizeof(err)), CM_ERR_INVAL);
+  c.spec_disable_batch = 1; /* always off: vLLM refuses it too */
   TH_CHECK_EQ_INT(sch_engine_create(&c, &bad, err, sizeof(err)), CM_ERR_INVAL);
   sch_engine_destroy(e);
 }

@@ -478,8 +478,7 @@ static void sent_free(struct sent *d) {
 struct kept {
   int32_t last;     /* the token it sampled last (-1: none yet) */
   int32_t accepted; /* drafts that step accepted */
-  int32_t proposed; /* drafts it proposed for the next step (its num_propose) */
-  int32_t planned;  /* the num_propose of the step being run */
+  int32_t proposed; /* drafts it proposed for the next step (its result's num_proposed) */
 };
 
 /* The workers take the next step as PR_SEQ_PREV_TOKEN / PR_SEQ_PREV_DRAFTS say: each
@@ -490,7 +489,6 @@ struct kept {
 static void run_sent(struct stress *s, struct sent *d, struct fake_worker *w, struct kept *kept) {
   for (int32_t i = 0; i < d->plan.num_seqs; i++) {
     struct sch_plan_seq *q = &d->seqs[i];
-    kept[q->req_id - 1].planned = q->num_propose;
     if (q->tokens[0] != SCH_TOKEN_PREV) continue;
     const struct kept *k = &kept[q->req_id - 1];
     const struct tracked *r = &s->reqs[q->req_id - 1];
@@ -507,7 +505,7 @@ static void run_sent(struct stress *s, struct sent *d, struct fake_worker *w, st
     struct kept *k = &kept[w->res[j].req_id - 1];
     k->last = w->res[j].tokens[w->res[j].num_tokens - 1];
     k->accepted = w->res[j].num_tokens - 1;
-    k->proposed = k->planned;
+    k->proposed = w->res[j].num_proposed;
   }
 }
 
@@ -517,7 +515,7 @@ static void run_sent(struct stress *s, struct sent *d, struct fake_worker *w, st
  * runs in step N + 1; with drafts, step N + 1's positions move by the drafts step N
  * accepted, which only the workers know when it is planned. Every request must
  * produce what plain decoding gives. */
-static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_t steps) {
+static void run_async_one(const struct sch_engine_config *cfg, uint64_t seed, int32_t steps) {
   struct sch_engine_config acfg = *cfg;
   acfg.async_scheduling = true;
   struct stress s;
@@ -526,7 +524,7 @@ static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_
   struct fake_worker *w = calloc(1, sizeof(*w));
   TH_REQUIRE(last && w);
   for (int32_t i = 0; i < MAX_REQS; i++)
-    last[i] = (struct kept){-1, 0, 0, 0};
+    last[i] = (struct kept){-1, 0, 0};
   w->rng = seed * 7 + 1;
   struct sent q[2];
   int32_t nq = 0, idle = 0;
@@ -588,6 +586,13 @@ static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_
   if (cfg->num_spec_tokens > 0) TH_CHECK(s.moved > 100);
   stress_free(&s);
   free(w), free(last);
+}
+
+/* run_async_one from eight seeds: preemptions while a step is in flight, and the draft
+ * counts they leave behind, come in many orders (seed, seed + 1000, ...). */
+static void run_async(const struct sch_engine_config *cfg, uint64_t seed, int32_t steps) {
+  for (uint64_t k = 0; k < 8; k++)
+    run_async_one(cfg, seed + 1000 * k, steps);
 }
 
 static void base_config(struct sch_engine_config *c) {
