@@ -1304,17 +1304,28 @@ static int step_has(const struct pr_step *st, uint64_t id) {
   return 0;
 }
 
+/* Whether step st asks any sequence for draft proposals. */
+static int step_proposes(const struct pr_step *st) {
+  for (uint32_t j = 0; j < st->n_seqs; j++)
+    if ((st->seqs[j].flags & PR_SEQ_SAMPLE) && st->seqs[j].num_draft) return 1;
+  return 0;
+}
+
 /* Whether `next` may launch while step o is open (its results not read): only the
  * forward of next may use what o sampled, so nothing of next may depend on host
- * state that o's finish changes. Not with drafts (proposals need the verify
- * result), tensor parallelism (the merged ids come through the host), structured
- * outputs or penalties of a sequence o sampled (the matchers and counts move with
- * o's tokens), or a sequence o holds that next frees, starts again or does not run
- * from its token; and only when o's rows are the backend's kept ids. */
+ * state that o's finish changes. Not behind a step that proposes drafts (the
+ * proposals read o's hidden rows, which next's forward would overwrite, and next
+ * verifies them), nor with tensor parallelism (the merged ids come through the
+ * host), structured outputs or penalties of a sequence o sampled (the matchers and
+ * counts move with o's tokens), or a sequence o holds that next frees, starts again
+ * or does not run from its token; and only when o's rows are the backend's kept ids.
+ * A speculating engine's steps that propose nothing (prefill chunks, and every step
+ * while the scheduler has speculation off) follow as plain ones do. */
 static int can_follow(struct wk_role *r, const struct rstep *o, const struct pr_step *next) {
   const int32_t *kept;
   struct kn_backend *be = wk_model_backend(r->model);
-  if (r->draft || r->ngram_max || kn_comm_world(be) > 1) return 0;
+  if (kn_comm_world(be) > 1) return 0;
+  if ((r->draft || r->ngram_max) && step_proposes(&o->view)) return 0;
   if (o->rows && (!o->dev_step || kn_kept_ids(be, &kept) != o->rows || !kept)) return 0;
   for (uint32_t j = 0; j < next->free_ids.n; j++)
     if (step_has(&o->view, next->free_ids.v[j])) return 0;

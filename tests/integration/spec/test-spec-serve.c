@@ -78,12 +78,15 @@ struct srv {
 };
 
 /* lmserve serve on `model`, speculating with `assistant` (NULL: none; "ngram": n-gram
- * drafts of suffixes of 1 .. 3 tokens), with `tp` ranks (0: one, the default). */
-static int srv_start_tp(struct srv *s, const char *model, const char *assistant, int k, int tp) {
-  char k_s[16], tp_s[16];
+ * drafts of suffixes of 1 .. 3 tokens), with `tp` ranks (0: one, the default), and
+ * speculation off while `off` requests or more run (0: never). */
+static int srv_start_off(struct srv *s, const char *model, const char *assistant, int k, int tp,
+                         int off) {
+  char k_s[16], tp_s[16], off_s[16];
   snprintf(k_s, sizeof(k_s), "%d", k);
   snprintf(tp_s, sizeof(tp_s), "%d", tp);
-  char *args[12], **a = args;
+  snprintf(off_s, sizeof(off_s), "%d", off);
+  char *args[14], **a = args;
   if (assistant) {
     *a++ = "--speculative-model", *a++ = (char *)assistant;
     *a++ = "--num-speculative-tokens", *a++ = k_s;
@@ -91,9 +94,14 @@ static int srv_start_tp(struct srv *s, const char *model, const char *assistant,
   if (assistant && !strcmp(assistant, "ngram"))
     *a++ = "--ngram-prompt-lookup-min", *a++ = "1", *a++ = "--ngram-prompt-lookup-max", *a++ = "3";
   if (tp) *a++ = "--tensor-parallel-size", *a++ = tp_s;
+  if (off) *a++ = "--speculative-disable-by-batch-size", *a++ = off_s;
   *a = NULL;
   s->port = th_serve_start(&s->p, model, args);
   return s->port > 0 ? 0 : -1;
+}
+
+static int srv_start_tp(struct srv *s, const char *model, const char *assistant, int k, int tp) {
+  return srv_start_off(s, model, assistant, k, tp, 0);
 }
 
 static int srv_start(struct srv *s, const char *model, const char *assistant, int k) {
@@ -174,14 +182,16 @@ static void build_jobs(struct th_job *jobs, int n) {
   }
 }
 
-/* Checks the spec_decode_* counters of a run with K draft tokens. */
-static void check_spec_metrics(const char *m, int k, double *drafts_out, double *accepted_out) {
+/* Checks the spec_decode_* counters of a run with K draft tokens (some_off: speculation
+ * was off while many requests ran, and may not have drafted at all). */
+static void check_spec_metrics(const char *m, int k, int some_off, double *drafts_out,
+                               double *accepted_out) {
   double drafts = th_metric(m, "lmserve:spec_decode_num_drafts_total", NULL);
   double tokens = th_metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
   double accepted = th_metric(m, "lmserve:spec_decode_num_accepted_tokens_total", NULL);
   fprintf(stderr, "K=%d: %.0f drafts, %.0f draft tokens, %.0f accepted, acceptance length %.2f\n",
           k, drafts, tokens, accepted, drafts > 0 ? 1 + accepted / drafts : 0);
-  TH_CHECK(drafts > 0);
+  TH_CHECK(drafts > 0 || some_off);
   TH_CHECK(tokens >= drafts && tokens <= k * drafts);
   TH_CHECK(accepted >= 0 && accepted <= tokens);
   /* per position: each accepted run of a counts once at positions 0 .. a-1 */
@@ -202,12 +212,14 @@ static void check_spec_metrics(const char *m, int k, double *drafts_out, double 
 }
 
 /* got[0..n) through serve on model speculating k tokens with assistant, on tp ranks (0:
- * one): the answers must be ref's, the KV pool back at zero usage and the spec_decode_*
- * counters consistent; the draft tokens and the accepted ones in *tokens, *accepted. */
-static void check_spec_run(const struct th_job *ref, struct th_job *got, int n, const char *model,
-                           const char *assistant, int k, int tp, double *tokens, double *accepted) {
+ * one), speculation off while `off` requests or more run (0: never): the answers must be
+ * ref's, the KV pool back at zero usage and the spec_decode_* counters consistent; the
+ * draft tokens and the accepted ones in *tokens, *accepted. */
+static void check_spec_off(const struct th_job *ref, struct th_job *got, int n, const char *model,
+                           const char *assistant, int k, int tp, int off, double *tokens,
+                           double *accepted) {
   struct srv s;
-  TH_REQUIRE(srv_start_tp(&s, model, assistant, k, tp) == 0);
+  TH_REQUIRE(srv_start_off(&s, model, assistant, k, tp, off) == 0);
   th_http_run_jobs(got, n, s.port);
   int idle;
   char *m = wait_idle(&s, &idle);
@@ -216,10 +228,15 @@ static void check_spec_run(const struct th_job *ref, struct th_job *got, int n, 
   snprintf(what, sizeof(what), "K=%d, tp %d", k, tp);
   th_jobs_check_same(ref, got, n, what);
   double drafts;
-  check_spec_metrics(m, k, &drafts, accepted);
+  check_spec_metrics(m, k, off > 0, &drafts, accepted);
   *tokens = th_metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
   free(m);
   srv_stop(&s);
+}
+
+static void check_spec_run(const struct th_job *ref, struct th_job *got, int n, const char *model,
+                           const char *assistant, int k, int tp, double *tokens, double *accepted) {
+  check_spec_off(ref, got, n, model, assistant, k, tp, 0, tokens, accepted);
 }
 
 TH_TEST(spec_greedy_equals_plain_through_serve) {
@@ -242,11 +259,13 @@ TH_TEST(spec_greedy_equals_plain_through_serve) {
   srv_stop(&s);
   th_jobs_check_answered(ref, NREQ);
 
-  static const int ks[] = {1, 3, 5};
+  /* K, and speculation off while that many requests or more run (the steps between
+   * then follow one another as plain ones do, and drafting starts and stops) */
+  static const int ks[][2] = {{1, 0}, {3, 0}, {5, 0}, {3, 6}};
   double accepted_any = 0, rejected_any = 0;
   for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++) {
     double tokens, accepted;
-    check_spec_run(ref, got, NREQ, model, assistant, ks[ki], 0, &tokens, &accepted);
+    check_spec_off(ref, got, NREQ, model, assistant, ks[ki][0], 0, ks[ki][1], &tokens, &accepted);
     accepted_any += accepted;
     rejected_any += tokens - accepted;
   }
@@ -283,7 +302,7 @@ TH_TEST(spec_agreeing_assistant_is_accepted) {
     free(jobs[i].answer);
   }
   double drafts, accepted;
-  check_spec_metrics(m, K, &drafts, &accepted);
+  check_spec_metrics(m, K, 0, &drafts, &accepted);
   double tokens = th_metric(m, "lmserve:spec_decode_num_draft_tokens_total", NULL);
   /* acceptance about K: all drafts taken (a draft slot cut short near
    * max_tokens is not proposed at all) */
@@ -337,7 +356,8 @@ TH_TEST(spec_ngram_equals_plain_through_serve) {
    * whose drafts are verified on the host takes its rows' logprobs from the gathered
    * logits, which sum in another order than the ranks' merged ones: the last digit
    * moves) */
-  static const int runs[][2] = {{0, 3}, {0, 5}, {2, 3}}; /* ranks, K */
+  /* ranks, K, speculation off at that many running requests (0: never) */
+  static const int runs[][3] = {{0, 3, 0}, {0, 5, 0}, {0, 3, 6}, {2, 3, 0}};
   double accepted_any = 0, rejected_any = 0;
   for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
     if (i == 0 || runs[i][0] != runs[i - 1][0]) {
@@ -353,7 +373,8 @@ TH_TEST(spec_ngram_equals_plain_through_serve) {
     build_jobs(got, NREQ);
     if (runs[i][0] > 1) drop_logprobs(got, NREQ);
     double tokens, accepted;
-    check_spec_run(ref, got, NREQ, model, "ngram", runs[i][1], runs[i][0], &tokens, &accepted);
+    check_spec_off(ref, got, NREQ, model, "ngram", runs[i][1], runs[i][0], runs[i][2], &tokens,
+                   &accepted);
     accepted_any += accepted;
     rejected_any += tokens - accepted;
     th_http_jobs_free(got, NREQ);
