@@ -395,6 +395,17 @@ TH_TEST(spec_counters_count_verified_drafts_only) {
  * proposed drafts (none when an n-gram lookup found nothing): the budget and the blocks
  * of the slots it would leave empty go to others. It still asks for all K proposals. A
  * decode planned behind a step in flight cannot know that step's proposals: K slots. */
+/* Plans the next step of a one-request engine: its draft slots, the proposals it asks
+ * for and the step's tokens (-1: not checked). */
+static void expect_slots(struct sch_engine *e, struct sch_plan *plan, int draft, int propose,
+                         int tokens) {
+  TH_REQUIRE(sch_engine_plan_step(e, plan) == 0);
+  TH_REQUIRE(plan->num_seqs == 1);
+  TH_CHECK_EQ_INT(plan->seqs[0].num_draft, draft);
+  TH_CHECK_EQ_INT(plan->seqs[0].num_propose, propose);
+  if (tokens >= 0) TH_CHECK_EQ_INT(plan->num_tokens, tokens);
+}
+
 TH_TEST(spec_slots_follow_the_proposals) {
   for (int async = 0; async < 2; async++) {
     struct sch_engine_config c;
@@ -414,55 +425,38 @@ TH_TEST(spec_slots_follow_the_proposals) {
     if (async) {
       /* behind the prefill in flight: its first decode, 3 slots whatever comes */
       struct sch_plan next;
-      TH_REQUIRE(sch_engine_plan_step(e, &next) == 0);
-      TH_CHECK_EQ_INT(next.seqs[0].num_draft, 3);
-      TH_CHECK_EQ_INT(next.seqs[0].num_propose, 3);
-      TH_CHECK_EQ_INT(next.num_tokens, 4);
+      expect_slots(e, &next, 3, 3, 4);
       r.num_proposed = 0;
       TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
       r.num_proposed = 1;
       TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
       CHECK_ENGINE(e);
-      /* nothing in flight now: the last result's 1 counts */
-      TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
-      TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 1);
-      TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3);
-      /* and behind it, 3 slots again */
-      TH_REQUIRE(sch_engine_plan_step(e, &next) == 0);
-      TH_CHECK_EQ_INT(next.seqs[0].num_draft, 3);
+      expect_slots(e, &plan, 1, 3, 2); /* nothing in flight now: the last result's 1 counts */
+      expect_slots(e, &next, 3, 3, 4); /* and behind it, 3 slots again */
       sch_engine_destroy(e);
       continue;
     }
     r.num_proposed = 0; /* the lookup found nothing */
     TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
-    TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
+    expect_slots(e, &plan, 0, 3, 1);
     TH_CHECK_EQ_INT(plan.seqs[0].start_pos, 7);
-    TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 0);
-    TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3);
-    TH_CHECK_EQ_INT(plan.num_tokens, 1);
     TH_CHECK_EQ_INT(plan.seqs[0].num_blocks[0], 2); /* positions 0..8 of the next */
     r.num_proposed = 2;
     TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
     CHECK_ENGINE(e);
-    TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
-    TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 2);
-    TH_CHECK_EQ_INT(plan.seqs[0].num_propose, 3);
-    TH_CHECK_EQ_INT(plan.num_tokens, 3);
+    expect_slots(e, &plan, 2, 3, 3);
     r.num_tokens = 3; /* both taken */
     r.num_verified = 2;
     r.num_proposed = 3;
     TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
     TH_CHECK(o.num == 1 && o.items[0].num_new == 3);
     CHECK_ENGINE(e);
-    TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
-    TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
-    TH_CHECK_EQ_INT(plan.num_tokens, 4);
+    expect_slots(e, &plan, 3, 3, 4);
     /* more than it asked for counts as what it asked for */
     r.num_tokens = 1;
     r.num_proposed = 60;
     TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
-    TH_REQUIRE(sch_engine_plan_step(e, &plan) == 0);
-    TH_CHECK_EQ_INT(plan.seqs[0].num_draft, 3);
+    expect_slots(e, &plan, 3, 3, 4);
     TH_REQUIRE(sch_engine_apply(e, &r, 1, &o) == 0);
     CHECK_ENGINE(e);
     sch_engine_destroy(e);
