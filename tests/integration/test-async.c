@@ -268,6 +268,28 @@ TH_TEST(async_mtp_drafts_equal_sync) {
   answers_equal_on(model, tp, 2);
 }
 
+/* Speculation off while two requests or more run (--speculative-disable-by-batch-size):
+ * those steps propose no drafts, and the workers launch each behind the open one as
+ * plain steps go (they must say they pipelined some), while drafting starts again as
+ * the last requests end. Requests without penalties, so that nothing else holds the
+ * steps back; the answers are those of synchronous steps without speculation. */
+TH_TEST(async_mtp_off_above_batch_size_pipelines) {
+  th_proc_init(1200);
+  char model[320], assistant[320];
+  mtp_pair(model, assistant);
+  no_penalties = 1;
+  const struct run runs[] = {
+      {{"--no-async-scheduling"}, "sync, no speculation"},
+      {{"--speculative-model", assistant, "--num-speculative-tokens", "3",
+        "--speculative-disable-by-batch-size", "2"},
+       "async, MTP K=3 off at 2 running, pipelined worker steps",
+       PIPELINED,
+       1},
+  };
+  answers_equal_on(model, runs, 2);
+  no_penalties = 0;
+}
+
 /* Penalties count every token before the one sampled, also those a step does not run:
  * prompt tokens the prefix cache holds, and a preempted request's generated tokens,
  * which it runs again as a prefill (or finds cached). Requests sharing a long prompt
