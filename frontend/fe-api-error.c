@@ -174,3 +174,26 @@ int fe_api_json_error_param(const char *b, size_t len, size_t pos, char *param, 
   }
   return 0;
 }
+
+/* ---- Anthropic's envelope ---------------------------------------------------- */
+
+const char *fe_api_anthropic_error_type(int status) {
+  switch (status) {
+  case 401: return "authentication_error";
+  case 403: return "permission_error";
+  case 404: return "not_found_error";
+  case 413: return "request_too_large";
+  case 429: return "rate_limit_error";
+  case 503:
+  case 529: return "overloaded_error";
+  default: return status >= 500 ? "api_error" : "invalid_request_error";
+  }
+}
+
+int fe_api_anthropic_error_body(struct fe_buf *b, int status, const char *message) {
+  fe_buf_puts(b, "{\"type\":\"error\",\"error\":{\"type\":\"");
+  fe_buf_puts(b, fe_api_anthropic_error_type(status));
+  fe_buf_puts(b, "\",\"message\":");
+  fe_buf_json_str(b, message, strlen(message));
+  return fe_buf_puts(b, "}}");
+}

@@ -16,6 +16,14 @@ const char *fe_api_error_type(int status);
  * the buffer's error. */
 int fe_api_error_body(struct fe_buf *b, int status, const char *message, const char *param);
 
+/* Anthropic's envelope (POST /v1/messages): {"type":"error","error":{"type":
+ * "invalid_request_error","message":"..."}}, the type by status as Anthropic's API
+ * names them (400 and other 4xx invalid_request_error, 401 authentication_error, 403
+ * permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
+ * 503 and 529 overloaded_error, other 5xx api_error). */
+const char *fe_api_anthropic_error_type(int status);
+int fe_api_anthropic_error_body(struct fe_buf *b, int status, const char *message);
+
 /* Locates the value a JSON syntax error lies in. `pos` is the byte offset
  * Jansson's json_error_t.position gives for body[0..len). When the error is
  * inside one value (a number too large for its type, NaN or Infinity, a bad

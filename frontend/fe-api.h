@@ -209,7 +209,16 @@ struct fe_api_request {
   struct fe_rstore *store;
   const char *responses_conv;
   const char *responses_input;
+  /* POST /v1/messages (Anthropic's Messages API, a chat request underneath):
+   * FE_API_ANTHROPIC; /v1/messages/count_tokens (a /tokenize request underneath):
+   * FE_API_ANTHROPIC_COUNT; 0 for the other endpoints */
+  int anthropic;
   struct cm_arena arena;          /* owns every pointer above */
+};
+
+enum fe_api_anthropic {
+  FE_API_ANTHROPIC = 1,       /* the answer is a message object or its events (fe-messages.h) */
+  FE_API_ANTHROPIC_COUNT = 2, /* the answer is {"input_tokens": N} */
 };
 
 enum fe_api_audio_format {
@@ -312,6 +321,25 @@ int fe_api_parse_audio(int translate, const char *ctype, size_t ctype_len, const
  * filled, as fe_api_parse_request. */
 int fe_api_parse_responses(const char *body, size_t len, const struct fe_api_config *cfg,
                            struct fe_api_request *out, struct fe_api_error *err);
+
+/* POST /v1/messages (count 0) and /v1/messages/count_tokens (count 1): Anthropic's
+ * Messages API, as vLLM and llama.cpp's server take it, turned into the chat request
+ * underneath (count_tokens: the /tokenize request of the same messages). `system` (a
+ * string or text blocks) is a system turn; each message's content a string or blocks:
+ * a user's text, image (base64 or url source) and tool_result blocks (each a tool
+ * message, its images a user turn after it), an assistant's text and tool_use blocks
+ * (its tool_calls; thinking blocks are dropped as the chat template drops thoughts).
+ * max_tokens (required here, not for count_tokens), stop_sequences, temperature,
+ * top_p, top_k, custom tools (input_schema), tool_choice (auto, any, tool, none;
+ * disable_parallel_tool_use), thinking (enabled: the template's enable_thinking; the
+ * budget is not enforced apart from max_tokens), output_format or
+ * output_config.format (a JSON Schema), metadata, and vLLM's sampling fields are
+ * taken. Anthropic's server and client tools, container, mcp_servers and
+ * context_management are refused by name. Errors name the Messages fields
+ * ("messages[2].content[0].tool_use_id", "stop_sequences"). 0, or a negative cm_err
+ * with err filled, as fe_api_parse_request. */
+int fe_api_parse_messages(int count, const char *body, size_t len, const struct fe_api_config *cfg,
+                          struct fe_api_request *out, struct fe_api_error *err);
 
 /* A tool-call answer (fe_api_request.tool_answer): the generated text as the
  * protocol object {"tool_calls": [{"name", "arguments"}]} or {"response": s}.

@@ -52,6 +52,7 @@ struct fe_eng_choice {
   int live;     /* the scheduler still runs it (no final OUT, no ABORT sent) */
   int done;     /* finished: finish_reason is set */
   const char *finish_reason;
+  const char *stop_str; /* the request's stop string that ended it, or NULL */
   struct tk_detok *detok;
   struct tk_stop *stop;
   struct fe_buf text;    /* non-streamed: all released text; streamed: this OUT's delta */

@@ -13,6 +13,7 @@
 #include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "frontend/fe-engine-impl.h"
+#include "frontend/fe-messages.h"
 #include "frontend/fe-responses.h"
 #include "frontend/fe-rstore.h"
 
@@ -131,6 +132,7 @@ static void stream_begin(struct fe_eng_req *r) {
   if (r->sse_on) return;
   r->sse_on = 1;
   const char *prefix = r->api->responses             ? "resp_"
+                       : r->api->anthropic           ? "msg_"
                        : r->api->kind == FE_API_CHAT ? "chatcmpl-"
                                                      : "cmpl-";
   fe_sse_begin(&r->sse, r->conn, r->api, prefix, r->created);
@@ -331,8 +333,8 @@ static int feed(struct fe_eng_choice *ch, const char *piece, size_t len) {
   if (tk_stop_push(ch->stop, piece, len, &o, &ol, &hit) != 0) return 0;
   emit(ch, o, ol);
   if (hit < 0) return 0;
-  if (ch->req->api->include_stop_str_in_output)
-    emit(ch, ch->req->api->stop[hit], strlen(ch->req->api->stop[hit]));
+  ch->stop_str = ch->req->api->stop[hit];
+  if (ch->req->api->include_stop_str_in_output) emit(ch, ch->stop_str, strlen(ch->stop_str));
   return 1;
 }
 
@@ -625,6 +627,7 @@ static void send_chunk(struct fe_eng_req *r, struct fe_eng_choice *ch) {
                             NULL,         0,
                             ch->text_sent};
   c.function_call = r->api->legacy_functions;
+  c.stop_str = ch->done ? ch->stop_str : NULL;
   char *calls = NULL, *content = NULL;
   if (r->api->tool_answer && !tool_chunk(ch, &c, &calls, &content)) return;
   native_answer(ch, &c, &calls);
@@ -679,7 +682,9 @@ static void complete(struct fe_eng_req *r) {
   if (r->stream) {
     stream_begin(r);
     fe_sse_end(&r->sse,
-               r->api->include_usage || r->api->audio_api || r->api->responses ? &u : NULL);
+               r->api->include_usage || r->api->audio_api || r->api->responses || r->api->anthropic
+                   ? &u
+                   : NULL);
     req_release(r);
     return;
   }
@@ -699,6 +704,7 @@ static void complete(struct fe_eng_req *r) {
     cs[k].text = ch->text.data ? ch->text.data : "";
     cs[k].text_len = ch->text.len;
     cs[k].finish_reason = ch->finish_reason;
+    cs[k].stop_str = ch->stop_str;
     cs[k].function_call = r->api->legacy_functions;
     with_ids(r, ch, &cs[k], 1);
     if (r->api->tool_answer) tool_answer(ch, &cs[k], &tool_bufs[2 * k], &tool_bufs[2 * k + 1]);
@@ -727,6 +733,8 @@ static void complete(struct fe_eng_req *r) {
     fe_api_write_audio_text(b, NULL, cs[0].text, cs[0].text_len, &u);
   } else if (!rc && r->api->responses) {
     rc = fe_resp_write(b, &meta, r->api->responses, &cs[0], &u);
+  } else if (!rc && r->api->anthropic) {
+    rc = fe_msg_write(b, &meta, &cs[0], &u);
   } else if (!rc) {
     if (r->api->kind == FE_API_CHAT)
       rc = fe_api_write_chat(b, &meta, cs, (size_t)n_out, &u);

@@ -463,7 +463,11 @@ static void answer_tokens(struct fe_engine *e, struct fe_conn *c, struct tok_job
                    "tokens");
     return;
   }
-  if (req->kind == FE_API_TOKENIZE) {
+  if (req->anthropic == FE_API_ANTHROPIC_COUNT) { /* /v1/messages/count_tokens */
+    fe_buf_puts(b, "{\"input_tokens\":");
+    fe_buf_i64(b, (int64_t)j->n_ids[0]);
+    fe_buf_puts(b, "}");
+  } else if (req->kind == FE_API_TOKENIZE) {
     size_t n = j->n_ids[0];
     const char **strs = req->token_strs ? calloc(n ? n : 1, sizeof(*strs)) : NULL;
     size_t *lens = req->token_strs ? calloc(n ? n : 1, sizeof(*lens)) : NULL;
@@ -851,6 +855,7 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
   r->created = (int64_t)(cm_time_wall_ns() / 1000000000ull);
   fe_api_make_id(r->id, sizeof(r->id),
                  req->responses             ? "resp_"
+                 : req->anthropic           ? "msg_"
                  : req->kind == FE_API_CHAT ? "chatcmpl-"
                                             : "cmpl-");
   /* link first: fe_eng_req_fail and the abort callback find it */

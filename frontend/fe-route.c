@@ -267,6 +267,28 @@ static void on_responses(struct fe_router *r, struct fe_conn *c, const char *b, 
   }
   submit(r, c, req);
 }
+/* POST /v1/messages: Anthropic's Messages API, a chat request underneath; and its
+ * count_tokens, a /tokenize request underneath */
+static void on_messages(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  struct fe_api_config acfg = api_config(r);
+  struct fe_api_request req;
+  struct fe_api_error err;
+  if (fe_api_parse_messages(0, b, n, &acfg, &req, &err) != 0) {
+    reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
+    return;
+  }
+  submit(r, c, req);
+}
+static void on_count_tokens(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  struct fe_api_config acfg = api_config(r);
+  struct fe_api_request req;
+  struct fe_api_error err;
+  if (fe_api_parse_messages(1, b, n, &acfg, &req, &err) != 0) {
+    reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
+    return;
+  }
+  submit(r, c, req);
+}
 /* ---- the Responses API's stored responses ------------------------------------ */
 
 /* The query's value of `name` (NUL-terminated into out), or NULL. */
@@ -450,6 +472,8 @@ static const struct route routes[] = {
     {"DELETE", "/v1/responses/*", on_response_delete, 0, 0},
     {"POST", "/v1/responses/*", on_response_post, 0, 0}, /* .../cancel */
     {"POST", "/invocations", on_invocations, 0, 0},      /* vLLM's (SageMaker's) */
+    {"POST", "/v1/messages", on_messages, 0, 0},         /* Anthropic's Messages API */
+    {"POST", "/v1/messages/count_tokens", on_count_tokens, 0, 0},
     {"POST", "/v1/audio/transcriptions", on_transcriptions, 0, 0},
     {"POST", "/v1/audio/translations", on_translations, 0, 0},
     {"POST", "/tokenize", on_tokenize, 0, 0},
@@ -457,20 +481,33 @@ static const struct route routes[] = {
 };
 #define N_ROUTES (sizeof(routes) / sizeof(routes[0]))
 
-int fe_route_auth_ok(const char *h, size_t len, const char *key) {
-  /* "Bearer" (any case), one or more spaces, the key */
-  if (len < 7 || !fe_http_str_eq_nocase(h, 6, "bearer") || h[6] != ' ') return 0;
-  size_t i = 6;
-  while (i < len && h[i] == ' ')
-    i++;
-  const unsigned char *got = (const unsigned char *)h + i;
-  size_t n = len - i, k = strlen(key);
+/* Whether got[0..n) is the key, in constant time in the key. */
+static int key_eq(const unsigned char *got, size_t n, const char *key) {
+  size_t k = strlen(key);
   /* constant time in the key: every byte of the key is compared whatever
    * the input, and the length difference is folded into the result */
   unsigned diff = (unsigned)(n ^ k);
   for (size_t j = 0; j < k; j++)
     diff |= (unsigned)(((j < n) ? got[j] : 0) ^ (unsigned char)key[j]);
   return diff == 0;
+}
+
+int fe_route_auth_ok(const char *h, size_t len, const char *key) {
+  /* "Bearer" (any case), one or more spaces, the key */
+  if (len < 7 || !fe_http_str_eq_nocase(h, 6, "bearer") || h[6] != ' ') return 0;
+  size_t i = 6;
+  while (i < len && h[i] == ' ')
+    i++;
+  return key_eq((const unsigned char *)h + i, len - i, key);
+}
+
+/* Whether the request carries the API key: Authorization: Bearer KEY, or
+ * Anthropic's X-Api-Key: KEY (its clients send that one). */
+static int authorized(const struct fe_http_request *req, const char *key) {
+  const struct fe_http_header *h = fe_http_find_header(req, "authorization");
+  if (h && fe_route_auth_ok(h->value, h->value_len, key)) return 1;
+  h = fe_http_find_header(req, "x-api-key");
+  return h && key_eq((const unsigned char *)h->value, h->value_len, key);
 }
 
 /* Whether the request's path is p, or (p ending in a slash and a star) p up to its
@@ -501,13 +538,19 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
     if (!head && (req->method_len != strlen(routes[i].method) ||
                   memcmp(req->method, routes[i].method, req->method_len) != 0))
       continue;
+    int anthropic = !strncmp(routes[i].path, "/v1/messages", 12);
+    if (anthropic) fe_conn_set_anthropic(c); /* its errors in its envelope */
     if (!routes[i].open && r->api_key) {
-      const struct fe_http_header *h = fe_http_find_header(req, "authorization");
-      if (!h || !fe_route_auth_ok(h->value, h->value_len, r->api_key)) {
+      if (!authorized(req, r->api_key)) {
+        static const char msg[] =
+            "invalid or missing API key (Authorization: Bearer KEY, or X-Api-Key: KEY)";
         count_status(r, 401);
         struct fe_buf *b = &r->scratch;
         fe_buf_reset(b);
-        fe_api_error_body(b, 401, "invalid or missing API key (Authorization: Bearer KEY)", NULL);
+        if (anthropic)
+          fe_api_anthropic_error_body(b, 401, msg);
+        else
+          fe_api_error_body(b, 401, msg, NULL);
         fe_conn_respond(c, 401, "application/json", "WWW-Authenticate: Bearer\r\n", b->data,
                         b->len);
         return;

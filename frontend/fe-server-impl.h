@@ -58,6 +58,7 @@ struct fe_conn {
   int head_only;   /* a HEAD request: the answer carries no body */
   char answer_hdrs[FE_CONN_HEADERS_MAX]; /* lines every answer to this request carries
                                             (fe_conn_set_headers): CORS */
+  int anthropic;   /* errors in Anthropic's envelope (fe_conn_set_anthropic) */
   int head_stale;  /* rbuf moved since the head was parsed: req's pointers are stale */
   int closed;      /* uv_close called */
   int close_after; /* close once the queued bytes are written */

@@ -379,6 +379,7 @@ static void dispatch(struct fe_conn *c, const char *body, size_t len, size_t con
   c->chunked_out = 0;
   c->head_only = c->req.method_len == 4 && memcmp(c->req.method, "HEAD", 4) == 0;
   c->answer_hdrs[0] = 0;
+  c->anthropic = 0;
   c->abort_cb = NULL;
   c->srv->n_busy++;
   set_timer(c, TM_NONE);
@@ -609,7 +610,10 @@ int fe_conn_respond_error_hdr(struct fe_conn *c, int status, const char *message
                               const char *extra_headers) {
   struct fe_buf *b = &c->srv->scratch;
   fe_buf_reset(b);
-  fe_api_error_body(b, status, message, param);
+  if (c->anthropic)
+    fe_api_anthropic_error_body(b, status, message);
+  else
+    fe_api_error_body(b, status, message, param);
   return fe_conn_respond(c, status, "application/json", extra_headers, b->data, b->len);
 }
 
@@ -654,6 +658,10 @@ int fe_conn_stream_end(struct fe_conn *c) {
   c->streaming = 0;
   finish(c);
   return rc;
+}
+
+void fe_conn_set_anthropic(struct fe_conn *c) {
+  c->anthropic = 1;
 }
 
 int fe_conn_set_headers(struct fe_conn *c, const char *lines) {

@@ -86,7 +86,8 @@ void fe_server_destroy(struct fe_server *s);
  * is left out (its length kept) when the request was HEAD. */
 int fe_conn_respond(struct fe_conn *c, int status, const char *content_type,
                     const char *extra_headers, const char *body, size_t len);
-/* An OpenAI error envelope response (see fe-api-error.h). */
+/* An error response: OpenAI's envelope (see fe-api-error.h), or Anthropic's for a
+ * request the router marked (fe_conn_set_anthropic). */
 int fe_conn_respond_error(struct fe_conn *c, int status, const char *message, const char *param);
 /* The same with extra header lines, e.g. "Retry-After: 1\r\n" on a 429. */
 int fe_conn_respond_error_hdr(struct fe_conn *c, int status, const char *message, const char *param,
@@ -107,6 +108,10 @@ int fe_conn_stream_end(struct fe_conn *c);
  * bytes. */
 #define FE_CONN_HEADERS_MAX 1024
 int fe_conn_set_headers(struct fe_conn *c, const char *lines);
+
+/* The request in hand is Anthropic's Messages API's: its errors carry that API's
+ * envelope (fe_api_anthropic_error_body). For that request only. */
+void fe_conn_set_anthropic(struct fe_conn *c);
 
 /* The callback fires at most once, when the client disconnects (or is
  * dropped as a slow reader) before the answer is finished. */

@@ -44,6 +44,10 @@ int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api
     s->input = r->responses_input;
     fe_resp_stream_init(&s->resp, &s->meta, r->responses);
   }
+  if (r->anthropic) { /* Anthropic's events: message_start goes with the first chunk */
+    s->anthropic = 1;
+    fe_msg_stream_init(&s->msg, &s->meta);
+  }
   int rc = fe_conn_stream_begin(c, 200, "text/event-stream",
                                 "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n");
   if (rc || !s->responses) return rc;
@@ -57,6 +61,12 @@ int fe_sse_send(struct fe_sse_stream *s, const struct fe_api_choice *choice) {
   if (s->audio && !choice->text_len) return 0; /* the role, the finish: no text, no event */
   fe_buf_reset(&s->buf);
   if (choice->finish_reason) s->finish = choice->finish_reason;
+  if (choice->stop_str) s->stop_str = choice->stop_str;
+  if (s->anthropic) {
+    int rc = fe_msg_stream_chunk(&s->msg, &s->buf, choice, &s->usage);
+    if (rc || !s->buf.len) return rc;
+    return fe_conn_stream_write(s->conn, s->buf.data, s->buf.len);
+  }
   if (s->responses) {
     int rc = fe_resp_stream_chunk(&s->resp, &s->buf, choice);
     if (rc || !s->buf.len) return rc;
@@ -82,6 +92,10 @@ int fe_sse_send(struct fe_sse_stream *s, const struct fe_api_choice *choice) {
 
 int fe_sse_send_error(struct fe_sse_stream *s, int status, const char *message) {
   fe_buf_reset(&s->buf);
+  if (s->anthropic) {
+    if (fe_msg_stream_error(&s->buf, status, message)) return CM_ERR_NOMEM;
+    return fe_conn_stream_write(s->conn, s->buf.data, s->buf.len);
+  }
   if (s->responses) {
     if (fe_resp_stream_error(&s->buf, status, message)) return CM_ERR_NOMEM;
     return fe_conn_stream_write(s->conn, s->buf.data, s->buf.len);
@@ -93,7 +107,13 @@ int fe_sse_send_error(struct fe_sse_stream *s, int status, const char *message) 
 
 int fe_sse_end(struct fe_sse_stream *s, const struct fe_api_usage *u) {
   int rc = 0;
-  if (!fe_conn_closed(s->conn) && s->responses) {
+  if (!fe_conn_closed(s->conn) && s->anthropic) {
+    if (u) { /* (without: it failed, and its error event went out) */
+      fe_buf_reset(&s->buf);
+      rc = fe_msg_stream_end(&s->msg, &s->buf, s->finish, s->stop_str, u);
+      if (!rc) rc = fe_conn_stream_write(s->conn, s->buf.data, s->buf.len);
+    }
+  } else if (!fe_conn_closed(s->conn) && s->responses) {
     if (u) { /* (without: it failed, and its error event went out) */
       fe_buf_reset(&s->buf);
       char *whole = NULL;

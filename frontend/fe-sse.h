@@ -7,7 +7,7 @@
  * endpoints' streams are OpenAI's events instead: {"type": "transcript.text.delta",
  * "delta"} for each piece of text, {"type": "transcript.text.done", "text", "usage"}
  * (fe_sse_end's usage), then [DONE]. The Responses API's stream is its own
- * events (fe-responses.h).
+ * events (fe-responses.h), and so is Anthropic's Messages API's (fe-messages.h).
  *
  * The serving path creates one per streamed request and feeds it deltas as
  * tokens are detokenized. Each call returns CM_ERR_CLOSED once the client is
@@ -21,6 +21,7 @@
 #include "frontend/fe-api-resp.h"
 #include "frontend/fe-api.h"
 #include "frontend/fe-http-buf.h"
+#include "frontend/fe-messages.h"
 #include "frontend/fe-responses.h"
 #include "frontend/fe-server.h"
 
@@ -43,7 +44,10 @@ struct fe_sse_stream {
   struct fe_resp_stream resp;
   struct fe_rstore *store;         /* keeps the whole response at the end (NULL: not) */
   const char *conv, *input;        /* what it keeps with it (fe_rstore_put) */
+  int anthropic;                   /* POST /v1/messages: its events (fe-messages.h), no [DONE] */
+  struct fe_msg_stream msg;
   const char *finish;              /* the finish reason sent (static), or NULL */
+  const char *stop_str;            /* the stop string that ended it (the request's), or NULL */
   struct fe_buf buf;               /* reused for every chunk */
 };
 
