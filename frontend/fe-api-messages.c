@@ -19,7 +19,9 @@ struct mctx {
   char **origin; /* (cap) each chat message's origin, "messages[3]" (malloc'd) */
   size_t cap;
   json_t *parts;  /* a user turn's text and image parts not yet pushed */
-  char from[192]; /* where they came from */
+  json_t *pfrom;  /* each of those parts' block ("messages[2].content[1]") */
+  json_t *pfroms; /* per chat message: its parts' blocks (an array), or null */
+  char from[192]; /* where the turn came from */
 };
 
 static int fail(struct fe_api_error *err, const char *param, const char *fmt, ...)
@@ -50,6 +52,8 @@ static int given(const json_t *o, const char *key) {
 static int push(struct mctx *c, json_t *m, const char *from) {
   size_t i = json_array_size(c->msgs);
   if (!m || json_array_append_new(c->msgs, m)) return oom(c->err);
+  if (json_array_size(c->pfroms) < i + 1 && json_array_append_new(c->pfroms, json_null()))
+    return oom(c->err);
   if (i >= c->cap) {
     size_t cap = c->cap ? 2 * c->cap : 16;
     char **o = realloc(c->origin, cap * sizeof(*o));
@@ -65,13 +69,22 @@ static int push(struct mctx *c, json_t *m, const char *from) {
 /* The user turn's pending parts, as one user message. */
 static int flush_user(struct mctx *c) {
   if (!json_array_size(c->parts)) return 0;
-  json_t *parts = c->parts;
+  json_t *parts = c->parts, *from = c->pfrom;
   c->parts = json_array();
-  if (!c->parts) {
+  c->pfrom = json_array();
+  if (!c->parts || !c->pfrom || json_array_append_new(c->pfroms, from)) {
     json_decref(parts);
     return oom(c->err);
   }
   return push(c, json_pack("{s:s, s:o}", "role", "user", "content", parts), c->from);
+}
+
+/* Adds part x (taken) to the pending user turn, from block `from`. */
+static int add_part(struct mctx *c, json_t *x, const char *from) {
+  if (!x || json_array_append_new(c->parts, x) ||
+      json_array_append_new(c->pfrom, json_string(from)))
+    return oom(c->err);
+  return 0;
 }
 
 /* An image block's source as chat's image_url part (new); NULL with err set. */
@@ -117,7 +130,8 @@ static json_t *image_part(struct mctx *c, json_t *blk, const char *pp) {
 /* A tool_result block's content (a string, or text and image blocks) as one
  * string (new), its texts a line apart; its images go to *images (chat's
  * image_url parts), for a user turn after the tool message (as vLLM puts them). */
-static json_t *result_text(struct mctx *c, json_t *v, const char *pp, json_t *images) {
+static json_t *result_text(struct mctx *c, json_t *v, const char *pp, json_t *images,
+                           json_t *from) {
   if (!v || json_is_null(v)) return json_string("");
   if (json_is_string(v)) return json_copy(v);
   char cp[160];
@@ -135,7 +149,7 @@ static json_t *result_text(struct mctx *c, json_t *v, const char *pp, json_t *im
     if (t && !strcmp(t, "image")) {
       json_t *x = image_part(c, b, bp);
       if (!x) return NULL;
-      if (json_array_append_new(images, x)) {
+      if (json_array_append_new(images, x) || json_array_append_new(from, json_string(bp))) {
         oom(c->err);
         return NULL;
       }
@@ -194,9 +208,11 @@ static int user_message(struct mctx *c, json_t *content, const char *param) {
         snprintf(ip, sizeof(ip), "%s.tool_use_id", pp);
         return fail(c->err, ip, "'%s' must be a string", ip);
       }
-      json_t *images = json_array();
-      json_t *text = images ? result_text(c, json_object_get(blk, "content"), pp, images) : NULL;
-      int rc = text ? flush_user(c) : images ? CM_ERR_INVAL : oom(c->err);
+      json_t *images = json_array(), *from = json_array();
+      json_t *text = images && from
+                         ? result_text(c, json_object_get(blk, "content"), pp, images, from)
+                         : NULL;
+      int rc = text ? flush_user(c) : images && from ? CM_ERR_INVAL : oom(c->err);
       if (!rc)
         rc = push(c,
                   json_pack("{s:s, s:O, s:O}", "role", "tool", "tool_call_id", id, "content", text),
@@ -204,9 +220,12 @@ static int user_message(struct mctx *c, json_t *content, const char *param) {
       json_decref(text);
       if (!rc && json_array_size(images)) { /* the result's images: a user turn after it */
         snprintf(c->from, sizeof(c->from), "%s", pp);
-        rc = json_array_extend(c->parts, images) ? oom(c->err) : flush_user(c);
+        rc = json_array_extend(c->parts, images) || json_array_extend(c->pfrom, from)
+                 ? oom(c->err)
+                 : flush_user(c);
       }
       json_decref(images);
+      json_decref(from);
       snprintf(c->from, sizeof(c->from), "%s", param);
       if (rc) return rc;
       continue;
@@ -216,7 +235,8 @@ static int user_message(struct mctx *c, json_t *content, const char *param) {
                   "tool_result)",
                   t);
     }
-    if (!x || json_array_append_new(c->parts, x)) return oom(c->err);
+    int rc = add_part(c, x, pp);
+    if (rc) return rc;
   }
   return flush_user(c);
 }
@@ -494,7 +514,9 @@ static int to_chat(struct mctx *c, json_t *b, int count, json_t **out) {
   json_t *req = json_object();
   c->msgs = json_array();
   c->parts = json_array();
-  if (!req || !c->msgs || !c->parts) {
+  c->pfrom = json_array();
+  c->pfroms = json_array();
+  if (!req || !c->msgs || !c->parts || !c->pfrom || !c->pfroms) {
     json_decref(req);
     return oom(c->err);
   }
@@ -546,11 +568,16 @@ static int to_chat(struct mctx *c, json_t *b, int count, json_t **out) {
 /* A chat error's param in the Messages request's terms: messages[i] as the
  * message (or block) it came from, stop as stop_sequences, response_format as
  * output_format, a tool's function.parameters as its input_schema. */
-static void rename_param(char *param, size_t cap, char *const *origin, size_t n) {
+static void rename_param(char *param, size_t cap, char *const *origin, json_t *pfroms, size_t n) {
   char out[sizeof(((struct fe_api_error *)0)->param)];
-  size_t i;
+  size_t i, j;
   int k = 0;
-  if (sscanf(param, "messages[%zu]%n", &i, &k) == 1 && k > 0 && i < n)
+  const char *part = NULL;
+  if (sscanf(param, "messages[%zu].content[%zu]%n", &i, &j, &k) == 2 && k > 0 && i < n &&
+      (part = json_string_value(json_array_get(json_array_get(pfroms, i), j))))
+    snprintf(out, sizeof(out), "%s%s", part, /* a part: the block it came from */
+             strncmp(param + k, ".image_url", 10) ? param + k : ".source");
+  else if (sscanf(param, "messages[%zu]%n", &i, &k) == 1 && k > 0 && i < n)
     snprintf(out, sizeof(out), "%s%s", origin[i],
              !strcmp(param + k, ".tool_call_id") ? ".tool_use_id" : param + k);
   else if (!strcmp(param, "stop"))
@@ -595,15 +622,18 @@ int fe_api_parse_messages(int count, const char *body, size_t len, const struct 
   size_t n = json_array_size(c.msgs);
   json_decref(req); /* (and c.msgs) */
   json_decref(c.parts);
+  json_decref(c.pfrom);
   if (!rc) {
     rc = fe_api_parse_request(kind, js, strlen(js), cfg, out, err);
-    if (rc) rename_param(err->param, sizeof(err->param), c.origin, n);
+    if (rc) rename_param(err->param, sizeof(err->param), c.origin, c.pfroms, n);
     for (size_t i = 0; !rc && i < out->n_images; i++) /* the media's errors come later */
-      rename_param(out->images[i].param, sizeof(out->images[i].param), c.origin, n);
+      rename_param(out->images[i].param, sizeof(out->images[i].param), c.origin, c.pfroms, n);
     for (struct fe_api_grammar_check *g = rc ? NULL : out->checks; g; g = g->next)
-      rename_param(g->param, sizeof(g->param), c.origin, n); /* and the grammars' */
-    if (!rc) rename_param(out->grammar_param, sizeof(out->grammar_param), c.origin, n);
+      rename_param(g->param, sizeof(g->param), c.origin, c.pfroms, n); /* and the grammars' */
+    if (!rc)
+      rename_param(out->grammar_param, sizeof(out->grammar_param), c.origin, c.pfroms, n);
   }
+  json_decref(c.pfroms);
   free(js);
   if (!rc) out->anthropic = count ? FE_API_ANTHROPIC_COUNT : FE_API_ANTHROPIC;
   for (size_t i = 0; c.origin && i < c.cap; i++)

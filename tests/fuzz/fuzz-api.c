@@ -1,9 +1,11 @@
 /* fuzz-api.c — fuzz target for the JSON bodies of the OpenAI API
  * (frontend/fe-api-req.c): /v1/completions, /v1/chat/completions, /tokenize
  * and /detokenize, with the structured outputs they compile, tools, chat
- * template arguments and multimodal parts, and /v1/responses (its items turned
- * into the chat request). The first byte picks the endpoint (byte % 4; with
- * byte / 16 % 2, /v1/responses) and the served model (byte / 4 % 2: plain text,
+ * template arguments and multimodal parts, /v1/responses (its items turned
+ * into the chat request) and Anthropic's /v1/messages and its count_tokens (their
+ * blocks turned into the chat and /tokenize requests). The first byte picks the
+ * endpoint (byte % 4; byte / 16 % 4: 1 /v1/responses, 2 /v1/messages, 3
+ * /v1/messages/count_tokens) and the served model (byte / 4 % 2: plain text,
  * or Gemma 4's markers, thoughts and native tools); the rest is the body. Each parse, and
  * the compilation of the grammars it leaves, must give a request or a 4xx/5xx
  * with a message naming it; any other outcome aborts (a finding). */
@@ -32,12 +34,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct fe_api_request r;
   struct fe_api_error e;
   memset(&e, 0, sizeof e);
-  int responses = data[0] / 16 % 2;
-  enum fe_api_kind kind = responses ? FE_API_CHAT : kinds[data[0] % 4];
-  int rc = responses ? fe_api_parse_responses(body, size - 1, &cfg, &r, &e)
-                     : fe_api_parse_request(kind, body, size - 1, &cfg, &r, &e);
+  int api = data[0] / 16 % 4, responses = api == 1, anthropic = api >= 2 ? api - 1 : 0;
+  enum fe_api_kind kind = responses || anthropic == FE_API_ANTHROPIC ? FE_API_CHAT
+                          : anthropic                               ? FE_API_TOKENIZE
+                                                                    : kinds[data[0] % 4];
+  int rc = responses   ? fe_api_parse_responses(body, size - 1, &cfg, &r, &e)
+           : anthropic ? fe_api_parse_messages(anthropic == FE_API_ANTHROPIC_COUNT, body, size - 1,
+                                               &cfg, &r, &e)
+                       : fe_api_parse_request(kind, body, size - 1, &cfg, &r, &e);
   if (rc == 0) { /* then the grammars, as the server compiles them before queuing */
-    if (r.kind != kind || !r.responses != !responses) abort();
+    if (r.kind != kind || !r.responses != !responses || r.anthropic != anthropic) abort();
     rc = fe_api_check_grammars(&r, &e);
     fe_api_request_free(&r);
   }

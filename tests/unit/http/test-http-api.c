@@ -966,3 +966,173 @@ TH_TEST(api_reasoning_effort) {
   TH_CHECK(fe_api_parse_responses(rb, strlen(rb), &cfg, &r, &e) != 0);
   TH_CHECK_EQ_STR(e.param, "reasoning.effort");
 }
+
+/* POST /v1/messages: Anthropic's blocks as the chat request's messages (a tool
+ * result a tool turn, its images a user turn after it; an assistant's tool_use its
+ * calls; thoughts dropped), its fields as chat's; count_tokens as /tokenize; and the
+ * refusals naming the Messages fields. */
+TH_TEST(api_messages_blocks) {
+  const char *b =
+      "{\"model\":\"gemma\",\"max_tokens\":9,\"system\":[{\"type\":\"text\",\"text\":\"Be \"},"
+      "{\"type\":\"text\",\"text\":\"brief.\"}],\"messages\":["
+      "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+      "{\"type\":\"image\",\"source\":{\"type\":\"base64\",\"media_type\":\"image/png\","
+      "\"data\":\"iVBO\"}}]},"
+      "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"hm\","
+      "\"signature\":\"\"},{\"type\":\"text\",\"text\":\"ok \"},{\"type\":\"text\",\"text\":"
+      "\"then\"},{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"f\",\"input\":{\"x\":1}}]},"
+      "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\","
+      "\"content\":[{\"type\":\"text\",\"text\":\"2\"},{\"type\":\"text\",\"text\":\"3\"},"
+      "{\"type\":\"image\",\"source\":{\"type\":\"url\",\"url\":\"file:///x.png\"}}]},"
+      "{\"type\":\"text\",\"text\":\"next\"}]}],"
+      "\"tools\":[{\"name\":\"f\",\"description\":\"d\",\"input_schema\":{\"type\":\"object\","
+      "\"properties\":{\"x\":{\"type\":\"integer\"}}}}],"
+      "\"tool_choice\":{\"type\":\"any\"},\"stop_sequences\":[\"##\"],\"temperature\":0.5,"
+      "\"top_k\":5,\"metadata\":{\"user_id\":\"u\"}}";
+  struct fe_api_request r;
+  struct fe_api_error e;
+  int rc = fe_api_parse_messages(0, b, strlen(b), &cfg, &r, &e);
+  if (rc) th_fail(__FILE__, __LINE__, "%s (%s)", e.message, e.param);
+  TH_REQUIRE(rc == 0);
+  TH_CHECK(r.kind == FE_API_CHAT && r.anthropic == FE_API_ANTHROPIC && r.n == 1);
+  TH_CHECK(r.max_tokens == 9 && r.temperature == 0.5 && r.top_k == 5 && r.tool_answer == 1);
+  TH_CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "##"));
+  /* system, user (text, image), assistant (text and call), tool, user (the result's
+   * image), user (next) */
+  TH_REQUIRE(r.n_messages == 6);
+  TH_CHECK(r.messages[0].role == FE_API_ROLE_SYSTEM);
+  TH_CHECK(strstr(r.messages[0].content, "Be brief.") != NULL);
+  TH_CHECK(r.messages[1].role == FE_API_ROLE_USER && r.messages[1].n_parts == 2);
+  TH_REQUIRE(r.n_images == 2);
+  TH_CHECK_EQ_STR(r.images[0].url, "data:image/png;base64,iVBO");
+  TH_CHECK_EQ_STR(r.images[0].param, "messages[0].content[1].source");
+  TH_CHECK_EQ_STR(r.images[1].url, "file:///x.png");
+  TH_CHECK_EQ_STR(r.images[1].param, "messages[2].content[0].content[2].source");
+  TH_CHECK(r.messages[2].role == FE_API_ROLE_ASSISTANT);
+  TH_CHECK(strstr(r.messages[2].content, "ok then") == NULL); /* a turn with calls: the call */
+  TH_CHECK_EQ_STR(r.messages[2].content,
+                  "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{\"x\":1}}]}");
+  TH_CHECK(strstr(r.messages[3].content, "toolu_1") && strstr(r.messages[3].content, "2\\n3"));
+  TH_CHECK(r.messages[4].role == FE_API_ROLE_USER && r.messages[4].n_parts == 1);
+  TH_CHECK_EQ_STR(r.messages[5].content, "next");
+  fe_api_request_free(&r);
+
+  /* count_tokens: the same messages as /tokenize's, max_tokens not needed */
+  const char *cnt = "{\"model\":\"gemma\",\"system\":\"s\",\"messages\":[{\"role\":\"user\","
+                    "\"content\":\"hi\"}],\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":2048}}";
+  TH_REQUIRE(fe_api_parse_messages(1, cnt, strlen(cnt), &cfg, &r, &e) == 0);
+  TH_CHECK(r.kind == FE_API_TOKENIZE && r.anthropic == FE_API_ANTHROPIC_COUNT);
+  TH_CHECK(r.n_messages == 2 && r.add_generation_prompt == 1 && r.thinking == 1);
+  fe_api_request_free(&r);
+  /* tool_choice and thinking, output_format */
+  static const struct {
+    const char *extra;
+    const char *check;
+  } ok[] = {
+      {"\"tool_choice\":{\"type\":\"tool\",\"name\":\"f\"}", "named"},
+      {"\"tool_choice\":{\"type\":\"auto\",\"disable_parallel_tool_use\":true}", "auto"},
+      {"\"tool_choice\":{\"type\":\"none\"}", "none"},
+      {"\"thinking\":{\"type\":\"disabled\"}", "nothink"},
+      {"\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024}", "think"},
+      {"\"output_format\":{\"type\":\"json_schema\",\"schema\":{\"type\":\"integer\"}}", "schema"},
+      {"\"output_config\":{\"format\":{\"type\":\"json_schema\",\"schema\":{\"type\":\"integer\"}}}",
+       "schema"},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(ok); i++) {
+    char body[512];
+    snprintf(body, sizeof(body),
+             "{\"model\":\"gemma\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"a\"}],%s%s}",
+             strstr(ok[i].extra, "tool_choice")
+                 ? "\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}},"
+                   "{\"name\":\"g\",\"input_schema\":{\"type\":\"object\"}}],"
+                 : "",
+             ok[i].extra);
+    rc = fe_api_parse_messages(0, body, strlen(body), &cfg, &r, &e);
+    if (rc) th_fail(__FILE__, __LINE__, "%s: %s (%s)", body, e.message, e.param);
+    if (rc) continue;
+    const char *c = ok[i].check;
+    if (!strcmp(c, "none"))
+      TH_CHECK(r.tool_answer == 0);
+    else if (!strcmp(c, "think") || !strcmp(c, "nothink"))
+      TH_CHECK(r.thinking == !strcmp(c, "think"));
+    else if (!strcmp(c, "schema"))
+      TH_CHECK(r.grammar_kind == GR_JSON_SCHEMA && !strcmp(r.grammar_param, "output_format.schema"));
+    else
+      TH_CHECK(r.tool_answer == 1 && r.grammar_kind != 0);
+    fe_api_request_free(&r);
+  }
+  static const struct {
+    const char *body, *param;
+  } refused[] = {
+      {"{\"model\":\"gemma\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "max_tokens"},
+      {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "model"},
+      {"{\"model\":\"other\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+       "model"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[]}", "messages"},
+      {"{\"model\":\"gemma\",\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+       "max_tokens"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"a\"}]}",
+       "messages[0].role"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":7}]}",
+       "messages[0].content"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{"
+       "\"type\":\"document\"}]}]}",
+       "messages[0].content[0]"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{"
+       "\"type\":\"image\",\"source\":{\"type\":\"file\",\"file_id\":\"f\"}}]}]}",
+       "messages[0].content[0].source"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{"
+       "\"type\":\"tool_result\",\"content\":\"x\"}]}]}",
+       "messages[0].content[0].tool_use_id"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"assistant\",\"content\":[{"
+       "\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":\"{}\"}]}]}",
+       "messages[0].content[0].input"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"tools\":[{\"type\":\"web_search_20250305\",\"name\":\"web_search\"}]}",
+       "tools[0]"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"tools\":[{\"input_schema\":{\"type\":\"object\"}}]}",
+       "tools[0].name"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"tool_choice\":{\"type\":\"required\"}}",
+       "tool_choice"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":10}}",
+       "thinking.budget_tokens"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"stop_sequences\":\"x\"}",
+       "stop_sequences"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"stop_sequences\":[1]}",
+       "stop_sequences"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"mcp_servers\":[]}",
+       "mcp_servers"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"output_format\":{\"type\":\"json_schema\",\"schema\":{\"type\":\"object\"}},"
+       "\"output_config\":{\"format\":{\"type\":\"json_schema\",\"schema\":{}}}}",
+       "output_config.format"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"output_config\":{\"effort\":\"low\"}}",
+       "output_config"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"temperature\":5}",
+       "temperature"},
+      {"[1]", ""},
+      {"{\"model\":", ""},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(refused); i++) {
+    rc = fe_api_parse_messages(0, refused[i].body, strlen(refused[i].body), &cfg, &r, &e);
+    if (rc == 0) {
+      th_fail(__FILE__, __LINE__, "accepted: %s", refused[i].body);
+      fe_api_request_free(&r);
+      continue;
+    }
+    TH_CHECK(e.status == 400 || e.status == 404);
+    TH_CHECK(e.message[0] != 0);
+    if (strcmp(e.param, refused[i].param))
+      th_fail(__FILE__, __LINE__, "%s: param '%s', not '%s' (%s)", refused[i].body, e.param,
+              refused[i].param, e.message);
+  }
+}

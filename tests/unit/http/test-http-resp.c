@@ -12,6 +12,7 @@
 #include "frontend/fe-api-resp.h"
 #include "frontend/fe-http-buf.h"
 #include "frontend/fe-http-metrics.h"
+#include "frontend/fe-messages.h"
 #include "frontend/fe-responses.h"
 #include "frontend/fe-route.h"
 #include "frontend/fe-rstore.h"
@@ -720,4 +721,197 @@ TH_TEST(route_auth) {
   TH_CHECK(!fe_route_auth_ok("Basic sk-secret", 15, k));
   TH_CHECK(!fe_route_auth_ok("sk-secret", 9, k));
   TH_CHECK(!fe_route_auth_ok("Bearersk-secret", 15, k));
+}
+
+/* Anthropic's message object: the thought, the text and each call as blocks in that
+ * order, stop_reason from the finish (and the stop string), usage as Anthropic
+ * counts it (the cached tokens apart from the input). */
+TH_TEST(resp_messages_object) {
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  struct fe_api_choice c = {0, "Hello", 5, "tool_calls"};
+  c.reasoning = "hmm";
+  c.reasoning_len = 3;
+  c.tool_calls = "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                 "\"arguments\":\"{}\"}},{\"id\":\"call_2\",\"type\":\"function\","
+                 "\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"a\\\":1}\"}}]";
+  struct fe_api_usage u = {10, 7, 0, 4, 3};
+  struct fe_api_resp_meta m = {"msg_1", 1700000000, "gemma"};
+  TH_REQUIRE(fe_msg_write(&b, &m, &c, &u) == 0);
+  json_t *j = parse(&b);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "id")), "msg_1");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "type")), "message");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "role")), "assistant");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "model")), "gemma");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "stop_reason")), "tool_use");
+  TH_CHECK(json_is_null(json_object_get(j, "stop_sequence")));
+  json_t *content = json_object_get(j, "content");
+  TH_REQUIRE(json_array_size(content) == 4);
+  static const char *const types[] = {"thinking", "text", "tool_use", "tool_use"};
+  for (size_t i = 0; i < 4; i++)
+    TH_CHECK_EQ_STR(json_string_value(json_object_get(json_array_get(content, i), "type")),
+                    types[i]);
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(json_array_get(content, 0), "thinking")), "hmm");
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(json_array_get(content, 1), "text")), "Hello");
+  json_t *call = json_array_get(content, 3);
+  TH_CHECK(!strncmp(json_string_value(json_object_get(call, "id")), "toolu_", 6));
+  TH_CHECK_EQ_STR(json_string_value(json_object_get(call, "name")), "g");
+  TH_CHECK(json_integer_value(json_object_get(json_object_get(call, "input"), "a")) == 1);
+  json_t *us = json_object_get(j, "usage");
+  TH_CHECK(json_integer_value(json_object_get(us, "input_tokens")) == 6);
+  TH_CHECK(json_integer_value(json_object_get(us, "cache_read_input_tokens")) == 4);
+  TH_CHECK(json_integer_value(json_object_get(us, "cache_creation_input_tokens")) == 0);
+  TH_CHECK(json_integer_value(json_object_get(us, "output_tokens")) == 7);
+  json_decref(j);
+  /* a stop string, max tokens, a call cut short (its input {}), an empty answer */
+  static const struct {
+    const char *finish, *stop_str, *calls, *reason;
+  } cases[] = {
+      {"stop", "##", NULL, "stop_sequence"},
+      {"stop", NULL, NULL, "end_turn"},
+      {"length", NULL, NULL, "max_tokens"},
+      {"length", NULL,
+       "[{\"id\":\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
+       "\"{\\\"a\"}}]",
+       "max_tokens"},
+  };
+  for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
+    fe_buf_reset(&b);
+    struct fe_api_choice d = {0, "", 0, cases[i].finish};
+    d.stop_str = cases[i].stop_str;
+    d.tool_calls = cases[i].calls;
+    TH_REQUIRE(fe_msg_write(&b, &m, &d, &u) == 0);
+    j = parse(&b);
+    TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "stop_reason")), cases[i].reason);
+    json_t *ss = json_object_get(j, "stop_sequence");
+    if (cases[i].stop_str)
+      TH_CHECK_EQ_STR(json_string_value(ss), cases[i].stop_str);
+    else
+      TH_CHECK(json_is_null(ss));
+    content = json_object_get(j, "content");
+    TH_REQUIRE(json_array_size(content) == 1);
+    json_t *blk = json_array_get(content, 0);
+    if (cases[i].calls)
+      TH_CHECK(json_is_object(json_object_get(blk, "input")) &&
+               json_object_size(json_object_get(blk, "input")) == 0);
+    else
+      TH_CHECK_EQ_STR(json_string_value(json_object_get(blk, "text")), "");
+    json_decref(j);
+  }
+  fe_buf_free(&b);
+}
+
+/* An Anthropic stream: message_start with the input's usage and a ping, each block
+ * started, its deltas, (a thought's signature) and stopped before the next, indices
+ * in order, then message_delta with the stop reason and usage, and message_stop. */
+TH_TEST(resp_messages_events) {
+  struct fe_msg_stream s;
+  struct fe_api_resp_meta m = {"msg_2", 1700000000, "gemma"};
+  fe_msg_stream_init(&s, &m);
+  struct fe_buf b;
+  fe_buf_init(&b, 0);
+  struct fe_api_usage u = {4, 0, 0, 1, 0};
+  struct fe_api_choice c0 = {0, "", 0}; /* the role chunk: message_start alone */
+  fe_msg_stream_chunk(&s, &b, &c0, &u);
+  struct fe_api_choice c1 = {0};
+  c1.reasoning = "thi";
+  c1.reasoning_len = 3;
+  fe_msg_stream_chunk(&s, &b, &c1, &u);
+  c1.reasoning = "nk";
+  c1.reasoning_len = 2;
+  fe_msg_stream_chunk(&s, &b, &c1, &u);
+  struct fe_api_choice c3 = {0, "Hello", 5};
+  fe_msg_stream_chunk(&s, &b, &c3, &u);
+  struct fe_api_choice c4 = {0};
+  c4.tool_calls =
+      "[{\"index\":0,\"id\":\"call_9\",\"type\":\"function\",\"function\":{\"name\":"
+      "\"f\",\"arguments\":\"\"}},{\"index\":0,\"function\":{\"arguments\":\"{\\\"a\"}}]";
+  fe_msg_stream_chunk(&s, &b, &c4, &u);
+  c4.tool_calls = "[{\"index\":0,\"function\":{\"arguments\":\"\\\":1}\"}},{\"index\":1,"
+                  "\"id\":\"call_8\",\"type\":\"function\",\"function\":{\"name\":\"g\","
+                  "\"arguments\":\"{}\"}}]";
+  fe_msg_stream_chunk(&s, &b, &c4, &u);
+  u.completion_tokens = 9;
+  TH_REQUIRE(fe_msg_stream_end(&s, &b, "tool_calls", NULL, &u) == 0);
+  TH_REQUIRE(b.err == 0);
+  static const struct {
+    const char *type, *delta;
+    int index;
+  } want[] = {
+      {"message_start", NULL, -1},
+      {"ping", NULL, -1},
+      {"content_block_start", NULL, 0},
+      {"content_block_delta", "thinking_delta", 0},
+      {"content_block_delta", "thinking_delta", 0},
+      {"content_block_delta", "signature_delta", 0},
+      {"content_block_stop", NULL, 0},
+      {"content_block_start", NULL, 1},
+      {"content_block_delta", "text_delta", 1},
+      {"content_block_stop", NULL, 1},
+      {"content_block_start", NULL, 2},
+      {"content_block_delta", "input_json_delta", 2},
+      {"content_block_delta", "input_json_delta", 2},
+      {"content_block_stop", NULL, 2},
+      {"content_block_start", NULL, 3},
+      {"content_block_delta", "input_json_delta", 3},
+      {"content_block_stop", NULL, 3},
+      {"message_delta", NULL, -1},
+      {"message_stop", NULL, -1},
+  };
+  size_t n = 0;
+  struct fe_buf json; /* the tool_use block's partial_json, put together */
+  fe_buf_init(&json, 0);
+  for (char *p = b.data; p && p < b.data + b.len && n < CM_ARRAY_LEN(want) + 1; n++) {
+    char *nl = strchr(p, '\n'), *end = strstr(p, "\n\n");
+    TH_REQUIRE(nl && end && !strncmp(p, "event: ", 7) && !strncmp(nl + 1, "data: ", 6));
+    json_error_t e;
+    json_t *j = json_loadb(nl + 7, (size_t)(end - nl - 7), 0, &e);
+    TH_REQUIRE(j != NULL);
+    const char *type = json_string_value(json_object_get(j, "type"));
+    TH_REQUIRE(n < CM_ARRAY_LEN(want));
+    TH_CHECK_EQ_STR(type, want[n].type);
+    TH_CHECK((size_t)(nl - p - 7) == strlen(type) && !strncmp(p + 7, type, strlen(type)));
+    if (want[n].index >= 0)
+      TH_CHECK(json_integer_value(json_object_get(j, "index")) == want[n].index);
+    json_t *d = json_object_get(j, "delta");
+    if (want[n].delta) TH_CHECK_EQ_STR(json_string_value(json_object_get(d, "type")), want[n].delta);
+    if (want[n].delta && !strcmp(want[n].delta, "input_json_delta") && want[n].index == 2) {
+      json_t *pj = json_object_get(d, "partial_json");
+      fe_buf_append(&json, json_string_value(pj), json_string_length(pj));
+    }
+    if (!strcmp(type, "message_start")) {
+      json_t *msg = json_object_get(j, "message");
+      TH_CHECK_EQ_STR(json_string_value(json_object_get(msg, "id")), "msg_2");
+      TH_CHECK(json_array_size(json_object_get(msg, "content")) == 0);
+      TH_CHECK(json_integer_value(json_object_get(json_object_get(msg, "usage"), "input_tokens")) ==
+               3);
+    }
+    if (!strcmp(type, "content_block_start") && want[n].index == 2) {
+      json_t *blk = json_object_get(j, "content_block");
+      TH_CHECK_EQ_STR(json_string_value(json_object_get(blk, "type")), "tool_use");
+      TH_CHECK_EQ_STR(json_string_value(json_object_get(blk, "name")), "f");
+    }
+    if (!strcmp(type, "message_delta")) {
+      TH_CHECK_EQ_STR(json_string_value(json_object_get(d, "stop_reason")), "tool_use");
+      TH_CHECK(json_is_null(json_object_get(d, "stop_sequence")));
+      TH_CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "output_tokens")) ==
+               9);
+    }
+    json_decref(j);
+    p = end + 2;
+  }
+  TH_CHECK(n == CM_ARRAY_LEN(want));
+  TH_CHECK(json.len == 7 && !memcmp(json.data, "{\"a\":1}", 7));
+  fe_buf_free(&json);
+  /* an empty answer stopped by a stop string: one empty text block */
+  fe_msg_stream_init(&s, &m);
+  fe_buf_reset(&b);
+  TH_REQUIRE(fe_msg_stream_end(&s, &b, "stop", "##", &u) == 0);
+  TH_CHECK(strstr(b.data, "event: message_start") && strstr(b.data, "\"type\":\"text\""));
+  TH_CHECK(strstr(b.data, "\"stop_reason\":\"stop_sequence\",\"stop_sequence\":\"##\"") != NULL);
+  fe_buf_reset(&b);
+  TH_REQUIRE(fe_msg_stream_error(&b, 503, "no engine") == 0);
+  TH_CHECK(strstr(b.data, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":"
+                          "\"overloaded_error\"") == b.data);
+  fe_buf_free(&b);
 }
