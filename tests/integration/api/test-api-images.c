@@ -206,6 +206,31 @@ TH_TEST(images_through_the_api) {
     as_resp_free(&r);
   }
 
+  /* Anthropic's Messages API's image block (a base64 source): the same text and prompt */
+  {
+    const char *data = strstr(u0, "base64,") + 7;
+    json_t *mb = json_pack(
+        "{s:s, s:[{s:s, s:[{s:s, s:s}, {s:s, s:{s:s, s:s, s:s}}, {s:s, s:s}]}], s:i, s:f, s:b}",
+        "model", a.model, "messages", "role", "user", "content", "type", "text", "text", LONG_TEXT,
+        "type", "image", "source", "type", "base64", "media_type", "image/png", "data", data,
+        "type", "text", "text", "What is in it?", "max_tokens", 8, "temperature", 0.0, "ignore_eos",
+        1);
+    char *body = json_dumps(mb, JSON_COMPACT);
+    json_decref(mb);
+    TH_REQUIRE(body != NULL);
+    struct as_resp r;
+    as_post(&a, "/v1/messages", body, &r);
+    free(body);
+    TH_REQUIRE(r.status == 200);
+    json_t *j = as_json(&r);
+    json_t *blk = json_array_get(json_object_get(j, "content"), 0);
+    TH_CHECK_EQ_STR(json_string_value(json_object_get(blk, "text")), ta1);
+    TH_CHECK_EQ_INT(
+        as_jint(j, "usage", "input_tokens") + as_jint(j, "usage", "cache_read_input_tokens"), pa1);
+    json_decref(j);
+    as_resp_free(&r);
+  }
+
   /* C: the same checkpoint as a GGUF file, the tower in llama.cpp's mmproj
      file named by --mmproj (f16 matrices: the bf16 weights' own values); D:
      its model file as llama.cpp's converter cuts it (no <image_soft_token>

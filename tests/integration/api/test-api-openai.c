@@ -2,9 +2,10 @@
  * serve`: starts serve (with an API key and --max-model-len) on a tiny
  * Gemma 4, runs api-openai.mjs under node against it, and kills serve
  * whatever happens (th-proc: process groups, PR_SET_PDEATHSIG, the
- * watchdog); then api-structured.mjs, api-tools.mjs, api-gemma4.mjs and
- * api-responses.mjs the same way. Skips, loudly, when node or
- * node_modules/openai is missing (tools/setup installs both). */
+ * watchdog); then api-structured.mjs, api-tools.mjs, api-gemma4.mjs,
+ * api-responses.mjs and api-anthropic.mjs (the official @anthropic-ai/sdk
+ * client) the same way. Skips, loudly, when node or node_modules/openai (or
+ * the Anthropic client) is missing (tools/setup installs them). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,9 @@ static void run_script_on(const char *script_name, const char *max_len, int gemm
   if (!th_npm_has("openai"))
     TH_SKIP("node_modules/openai is missing (run tools/setup): the openai client conformance "
             "test did not run");
+  if (strstr(script_name, "anthropic") && !th_npm_has("@anthropic-ai/sdk"))
+    TH_SKIP("node_modules/@anthropic-ai/sdk is missing (run tools/setup): the Anthropic client "
+            "conformance test did not run");
   char script[1024];
   snprintf(script, sizeof(script), "%s/integration/api/%s", th_tests_dir(), script_name);
   TH_REQUIRE(access(script, R_OK) == 0);
@@ -82,4 +86,13 @@ TH_TEST(api_gemma4_reasoning_and_tools) {
  * the 400s naming the Responses fields. */
 TH_TEST(api_responses) {
   run_script_on("api-responses.mjs", "2048", 1);
+}
+
+/* POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API) on the
+ * same Gemma 4, through the official @anthropic-ai/sdk client: create, stream and
+ * countTokens, each answer held to the chat completion of the same conversation and
+ * seed (text, stop sequences, thoughts, tool_use blocks, tool results, schemas), and
+ * the errors in Anthropic's envelope as the client's error classes. */
+TH_TEST(api_anthropic_messages) {
+  run_script_on("api-anthropic.mjs", "2048", 1);
 }
