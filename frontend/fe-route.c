@@ -565,10 +565,7 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
     char hdr[96];
     snprintf(hdr, sizeof(hdr), "Allow: %s\r\n", allow);
     count_status(r, 405);
-    struct fe_buf *b = &r->scratch;
-    fe_buf_reset(b);
-    fe_api_error_body(b, 405, "method not allowed", NULL);
-    fe_conn_respond(c, 405, "application/json", hdr, b->data, b->len);
+    fe_conn_respond_error_hdr(c, 405, "method not allowed", NULL, hdr); /* (its API's envelope) */
     return;
   }
   reply_error(r, c, 404, "not found", NULL);
