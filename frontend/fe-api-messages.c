@@ -19,9 +19,8 @@ struct mctx {
   char **origin; /* (cap) each chat message's origin, "messages[3]" (malloc'd) */
   size_t cap;
   json_t *parts;  /* a user turn's text and image parts not yet pushed */
-  json_t *pfrom;  /* each of those parts' block ("messages[2].content[1]") */
-  json_t *pfroms; /* per chat message: its parts' blocks (an array), or null */
-  char from[192]; /* where the turn came from */
+  json_t *images; /* each image block, "messages[2].content[1]", in the chat request's order */
+  const char *format; /* the field the response_format came from */
 };
 
 static int fail(struct fe_api_error *err, const char *param, const char *fmt, ...)
@@ -52,8 +51,6 @@ static int given(const json_t *o, const char *key) {
 static int push(struct mctx *c, json_t *m, const char *from) {
   size_t i = json_array_size(c->msgs);
   if (!m || json_array_append_new(c->msgs, m)) return oom(c->err);
-  if (json_array_size(c->pfroms) < i + 1 && json_array_append_new(c->pfroms, json_null()))
-    return oom(c->err);
   if (i >= c->cap) {
     size_t cap = c->cap ? 2 * c->cap : 16;
     char **o = realloc(c->origin, cap * sizeof(*o));
@@ -66,24 +63,21 @@ static int push(struct mctx *c, json_t *m, const char *from) {
   return 0;
 }
 
-/* The user turn's pending parts, as one user message. */
-static int flush_user(struct mctx *c) {
+/* The user turn's pending parts, as one user message from `from`. */
+static int flush_user(struct mctx *c, const char *from) {
   if (!json_array_size(c->parts)) return 0;
-  json_t *parts = c->parts, *from = c->pfrom;
-  c->parts = json_array();
-  c->pfrom = json_array();
-  if (!c->parts || !c->pfrom || json_array_append_new(c->pfroms, from)) {
+  json_t *parts = c->parts;
+  if (!(c->parts = json_array())) {
     json_decref(parts);
     return oom(c->err);
   }
-  return push(c, json_pack("{s:s, s:o}", "role", "user", "content", parts), c->from);
+  return push(c, json_pack("{s:s, s:o}", "role", "user", "content", parts), from);
 }
 
-/* Adds part x (taken) to the pending user turn, from block `from`. */
+/* Adds part x (taken) to the pending user turn; an image's block is `from`. */
 static int add_part(struct mctx *c, json_t *x, const char *from) {
-  if (!x || json_array_append_new(c->parts, x) ||
-      json_array_append_new(c->pfrom, json_string(from)))
-    return oom(c->err);
+  if (!x || json_array_append_new(c->parts, x)) return oom(c->err);
+  if (from && json_array_append_new(c->images, json_string(from))) return oom(c->err);
   return 0;
 }
 
@@ -120,7 +114,9 @@ static json_t *image_part(struct mctx *c, json_t *blk, const char *pp) {
       fail(c->err, sp, "'%s' needs a string 'url'", sp);
       return NULL;
     }
-    return json_pack("{s:s, s:{s:O}}", "type", "image_url", "image_url", "url", url);
+    json_t *p = json_pack("{s:s, s:{s:O}}", "type", "image_url", "image_url", "url", url);
+    if (!p) oom(c->err);
+    return p;
   }
   fail(c->err, sp,
        "'%s.type' must be base64 or url (files are not served here: send the image's bytes)", sp);
@@ -128,10 +124,9 @@ static json_t *image_part(struct mctx *c, json_t *blk, const char *pp) {
 }
 
 /* A tool_result block's content (a string, or text and image blocks) as one
- * string (new), its texts a line apart; its images go to *images (chat's
- * image_url parts), for a user turn after the tool message (as vLLM puts them). */
-static json_t *result_text(struct mctx *c, json_t *v, const char *pp, json_t *images,
-                           json_t *from) {
+ * string (new), its texts a line apart; its images go to the pending user turn,
+ * which follows the tool messages (as vLLM puts them). */
+static json_t *result_text(struct mctx *c, json_t *v, const char *pp) {
   if (!v || json_is_null(v)) return json_string("");
   if (json_is_string(v)) return json_copy(v);
   char cp[160];
@@ -148,11 +143,7 @@ static json_t *result_text(struct mctx *c, json_t *v, const char *pp, json_t *im
     snprintf(bp, sizeof(bp), "%s[%zu]", cp, k);
     if (t && !strcmp(t, "image")) {
       json_t *x = image_part(c, b, bp);
-      if (!x) return NULL;
-      if (json_array_append_new(images, x) || json_array_append_new(from, json_string(bp))) {
-        oom(c->err);
-        return NULL;
-      }
+      if (!x || add_part(c, x, bp)) return NULL;
       continue;
     }
     if (!t || strcmp(t, "text") || !json_is_string(json_object_get(b, "text"))) {
@@ -181,64 +172,53 @@ static json_t *result_text(struct mctx *c, json_t *v, const char *pp, json_t *im
   return r;
 }
 
-/* A user message's content: text and image blocks make user turns, each
- * tool_result block a tool message, in their order. */
+/* A user message's content: each tool_result block a tool message, in their
+ * order, then one user turn of the results' images and the text and image blocks
+ * (vLLM's order: the results answer the calls of the turn before, and a turn
+ * between them would part them). */
 static int user_message(struct mctx *c, json_t *content, const char *param) {
-  snprintf(c->from, sizeof(c->from), "%s", param);
   if (json_is_string(content))
     return push(c, json_pack("{s:s, s:O}", "role", "user", "content", content), param);
   size_t k;
   json_t *blk;
-  json_array_foreach(content, k, blk) {
+  json_array_foreach(content, k, blk) { /* the results */
+    char pp[128], ip[160];
+    snprintf(pp, sizeof(pp), "%s.content[%zu]", param, k);
+    const char *t = json_string_value(json_object_get(blk, "type"));
+    if (!t) return fail(c->err, pp, "'%s' must be an object with a 'type'", pp);
+    if (strcmp(t, "tool_result")) continue;
+    json_t *id = json_object_get(blk, "tool_use_id");
+    snprintf(ip, sizeof(ip), "%s.tool_use_id", pp);
+    if (!json_is_string(id)) return fail(c->err, ip, "'%s' must be a string", ip);
+    json_t *text = result_text(c, json_object_get(blk, "content"), pp);
+    if (!text) return CM_ERR_INVAL;
+    int rc = push(
+        c, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", text), pp);
+    if (rc) return rc;
+  }
+  json_array_foreach(content, k, blk) { /* the rest */
     char pp[128];
     snprintf(pp, sizeof(pp), "%s.content[%zu]", param, k);
     const char *t = json_string_value(json_object_get(blk, "type"));
-    json_t *x = NULL;
-    if (!t) return fail(c->err, pp, "'%s' must be an object with a 'type'", pp);
-    if (!strcmp(t, "text")) {
+    int rc;
+    if (!strcmp(t, "tool_result")) {
+      continue;
+    } else if (!strcmp(t, "text")) {
       json_t *text = json_object_get(blk, "text");
       if (!json_is_string(text)) return fail(c->err, pp, "'%s' needs a string 'text'", pp);
-      x = json_pack("{s:s, s:O}", "type", "text", "text", text);
+      rc = add_part(c, json_pack("{s:s, s:O}", "type", "text", "text", text), NULL);
     } else if (!strcmp(t, "image")) {
-      if (!(x = image_part(c, blk, pp))) return CM_ERR_INVAL;
-    } else if (!strcmp(t, "tool_result")) {
-      json_t *id = json_object_get(blk, "tool_use_id");
-      if (!json_is_string(id)) {
-        char ip[160];
-        snprintf(ip, sizeof(ip), "%s.tool_use_id", pp);
-        return fail(c->err, ip, "'%s' must be a string", ip);
-      }
-      json_t *images = json_array(), *from = json_array();
-      json_t *text = images && from
-                         ? result_text(c, json_object_get(blk, "content"), pp, images, from)
-                         : NULL;
-      int rc = text ? flush_user(c) : images && from ? CM_ERR_INVAL : oom(c->err);
-      if (!rc)
-        rc = push(c,
-                  json_pack("{s:s, s:O, s:O}", "role", "tool", "tool_call_id", id, "content", text),
-                  pp);
-      json_decref(text);
-      if (!rc && json_array_size(images)) { /* the result's images: a user turn after it */
-        snprintf(c->from, sizeof(c->from), "%s", pp);
-        rc = json_array_extend(c->parts, images) || json_array_extend(c->pfrom, from)
-                 ? oom(c->err)
-                 : flush_user(c);
-      }
-      json_decref(images);
-      json_decref(from);
-      snprintf(c->from, sizeof(c->from), "%s", param);
-      if (rc) return rc;
-      continue;
+      json_t *x = image_part(c, blk, pp);
+      rc = x ? add_part(c, x, pp) : CM_ERR_INVAL;
     } else {
-      return fail(c->err, pp,
-                  "content block type '%.40s' is not supported in a user turn here (text, image, "
-                  "tool_result)",
-                  t);
+      rc = fail(c->err, pp,
+                "content block type '%.40s' is not supported in a user turn here (text, image, "
+                "tool_result)",
+                t);
     }
-    int rc = add_part(c, x, pp);
     if (rc) return rc;
   }
-  return flush_user(c);
+  return flush_user(c, param);
 }
 
 /* An assistant message's content: its text blocks joined, tool_use blocks as
@@ -394,6 +374,10 @@ static int tools_of(struct fe_api_error *err, json_t *tools, json_t **out) {
   json_array_foreach(tools, i, t) {
     char pp[64];
     snprintf(pp, sizeof(pp), "tools[%zu]", i);
+    if (!json_is_object(t)) {
+      json_decref(a);
+      return fail(err, pp, "'%s' must be an object (name, description, input_schema)", pp);
+    }
     const char *ty = json_string_value(json_object_get(t, "type"));
     if (given(t, "type") && (!ty || strcmp(ty, "custom"))) {
       json_decref(a);
@@ -402,14 +386,22 @@ static int tools_of(struct fe_api_error *err, json_t *tools, json_t **out) {
                   "are served here, not Anthropic's server or client tools",
                   pp, ty ? ty : "?");
     }
+    static const char *const keys[][2] = {{"name", "name"},
+                                          {"description", "description"},
+                                          {"input_schema", "parameters"},
+                                          {"strict", "strict"}};
     json_t *fn = json_object();
-    if (json_object_get(t, "name")) json_object_set(fn, "name", json_object_get(t, "name"));
-    if (json_object_get(t, "description"))
-      json_object_set(fn, "description", json_object_get(t, "description"));
-    if (json_object_get(t, "input_schema"))
-      json_object_set(fn, "parameters", json_object_get(t, "input_schema"));
-    if (json_object_get(t, "strict")) json_object_set(fn, "strict", json_object_get(t, "strict"));
-    json_array_append_new(a, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+    for (size_t k = 0; fn && k < sizeof(keys) / sizeof(keys[0]); k++)
+      if (json_object_get(t, keys[k][0]) &&
+          json_object_set(fn, keys[k][1], json_object_get(t, keys[k][0]))) {
+        json_decref(fn);
+        fn = NULL;
+      }
+    if (!fn || !a ||
+        json_array_append_new(a, json_pack("{s:s, s:o}", "type", "function", "function", fn))) {
+      json_decref(a);
+      return oom(err);
+    }
   }
   *out = a;
   return 0;
@@ -454,6 +446,8 @@ static int thinking_of(struct fe_api_error *err, json_t *th, json_t *req) {
     return fail(err, "thinking.budget_tokens",
                 "'thinking.budget_tokens' must be an integer of at least 1024");
   json_t *kw = json_object_get(req, "chat_template_kwargs");
+  if (kw && !json_is_null(kw) && !json_is_object(kw))
+    return fail(err, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
   json_t *nk = json_is_object(kw) ? json_deep_copy(kw) : json_object();
   if (!nk) return oom(err);
   json_object_set_new(nk, "enable_thinking", json_boolean(!strcmp(ty, "enabled")));
@@ -463,8 +457,10 @@ static int thinking_of(struct fe_api_error *err, json_t *th, json_t *req) {
 
 /* output_format, or output_config.format (structured outputs): {"type":
  * "json_schema", "schema"} as chat's response_format. */
-static int format_of(struct fe_api_error *err, json_t *f, json_t *req, const char *param) {
+static int format_of(struct mctx *c, json_t *f, json_t *req, const char *param) {
+  struct fe_api_error *err = c->err;
   if (!f || json_is_null(f)) return 0;
+  c->format = param;
   const char *ty = json_string_value(json_object_get(f, "type"));
   json_t *schema = json_object_get(f, "schema");
   if (json_object_get(req, "response_format"))
@@ -513,14 +509,10 @@ static int to_chat(struct mctx *c, json_t *b, int count, json_t **out) {
   if (rc) return rc;
   json_t *req = json_object();
   c->msgs = json_array();
-  c->parts = json_array();
-  c->pfrom = json_array();
-  c->pfroms = json_array();
-  if (!req || !c->msgs || !c->parts || !c->pfrom || !c->pfroms) {
+  if (!req || !c->msgs || json_object_set_new(req, "messages", c->msgs)) {
     json_decref(req);
     return oom(c->err);
   }
-  json_object_set_new(req, "messages", c->msgs);
   *out = req;
   if ((rc = system_of(c, json_object_get(b, "system")))) return rc;
   if ((rc = messages_of(c, json_object_get(b, "messages")))) return rc;
@@ -545,7 +537,7 @@ static int to_chat(struct mctx *c, json_t *b, int count, json_t **out) {
   if (x) json_object_set_new(req, "tools", x);
   if ((rc = tool_choice_of(c->err, json_object_get(b, "tool_choice"), req))) return rc;
   if ((rc = thinking_of(c->err, json_object_get(b, "thinking"), req))) return rc;
-  if (!count && (rc = format_of(c->err, json_object_get(b, "output_format"), req, "output_format")))
+  if (!count && (rc = format_of(c, json_object_get(b, "output_format"), req, "output_format")))
     return rc;
   json_t *oc = json_object_get(b, "output_config");
   if (given(b, "output_config")) {
@@ -558,32 +550,26 @@ static int to_chat(struct mctx *c, json_t *b, int count, json_t **out) {
         return fail(c->err, "output_config",
                     "'output_config.%.40s' is not supported by this server (format is)", key);
     }
-    if (!count &&
-        (rc = format_of(c->err, json_object_get(oc, "format"), req, "output_config.format")))
+    if (!count && (rc = format_of(c, json_object_get(oc, "format"), req, "output_config.format")))
       return rc;
   }
   return 0;
 }
 
 /* A chat error's param in the Messages request's terms: messages[i] as the
- * message (or block) it came from, stop as stop_sequences, response_format as
- * output_format, a tool's function.parameters as its input_schema. */
-static void rename_param(char *param, size_t cap, char *const *origin, json_t *pfroms, size_t n) {
+ * message (or block) it came from, stop as stop_sequences, response_format as the
+ * field it came from, a tool's function.parameters as its input_schema. */
+static void rename_param(const struct mctx *c, char *param, size_t cap) {
   char out[sizeof(((struct fe_api_error *)0)->param)];
-  size_t i, j;
+  size_t i, n = json_array_size(c->msgs);
   int k = 0;
-  const char *part = NULL;
-  if (sscanf(param, "messages[%zu].content[%zu]%n", &i, &j, &k) == 2 && k > 0 && i < n &&
-      (part = json_string_value(json_array_get(json_array_get(pfroms, i), j))))
-    snprintf(out, sizeof(out), "%s%s", part, /* a part: the block it came from */
-             strncmp(param + k, ".image_url", 10) ? param + k : ".source");
-  else if (sscanf(param, "messages[%zu]%n", &i, &k) == 1 && k > 0 && i < n)
-    snprintf(out, sizeof(out), "%s%s", origin[i],
+  if (sscanf(param, "messages[%zu]%n", &i, &k) == 1 && k > 0 && i < n)
+    snprintf(out, sizeof(out), "%s%s", c->origin[i],
              !strcmp(param + k, ".tool_call_id") ? ".tool_use_id" : param + k);
   else if (!strcmp(param, "stop"))
     snprintf(out, sizeof(out), "stop_sequences");
   else if (!strncmp(param, "response_format", 15))
-    snprintf(out, sizeof(out), "output_format%s",
+    snprintf(out, sizeof(out), "%s%s", c->format ? c->format : "output_format",
              strncmp(param + 15, ".json_schema", 12) ? param + 15 : param + 27);
   else if (!strncmp(param, "tools[", 6) && strstr(param, "].function.parameters"))
     snprintf(out, sizeof(out), "%.*sinput_schema%s",
@@ -592,11 +578,33 @@ static void rename_param(char *param, size_t cap, char *const *origin, json_t *p
   else if (!strncmp(param, "tools[", 6) && strstr(param, "].function."))
     snprintf(out, sizeof(out), "%.*s%s", (int)(strstr(param, "].function.") - param + 2), param,
              strstr(param, "].function.") + 11);
+  else if (!strcmp(param, "tool_choice.function.name"))
+    snprintf(out, sizeof(out), "tool_choice.name");
   else if (!strcmp(param, "parallel_tool_calls"))
     snprintf(out, sizeof(out), "tool_choice.disable_parallel_tool_use");
   else
     return;
   snprintf(param, cap, "%s", out);
+}
+
+/* The chat parse's error in the Messages request's terms: its param, and the
+ * param where the message names it. */
+static void rename_error(const struct mctx *c, struct fe_api_error *err) {
+  char was[sizeof(err->param)], msg[sizeof(err->message)];
+  snprintf(was, sizeof(was), "%s", err->param);
+  rename_param(c, err->param, sizeof(err->param));
+  if (!was[0] || !strcmp(was, err->param)) return;
+  size_t wl = strlen(was), o = 0;
+  for (const char *p = err->message; *p && o + 1 < sizeof(msg);) {
+    if (!strncmp(p, was, wl) && (p[wl] == '\'' || p[wl] == ':')) {
+      o += (size_t)snprintf(msg + o, sizeof(msg) - o, "%s", err->param);
+      p += wl;
+    } else {
+      msg[o++] = *p++;
+    }
+  }
+  msg[o < sizeof(msg) ? o : sizeof(msg) - 1] = 0;
+  snprintf(err->message, sizeof(err->message), "%s", msg);
 }
 
 int fe_api_parse_messages(int count, const char *body, size_t len, const struct fe_api_config *cfg,
@@ -615,25 +623,28 @@ int fe_api_parse_messages(int count, const char *body, size_t len, const struct 
     return rc;
   }
   struct mctx c = {err};
+  c.parts = json_array();
+  c.images = json_array();
   json_t *req = NULL;
-  int rc = to_chat(&c, b, count, &req);
+  int rc = c.parts && c.images ? to_chat(&c, b, count, &req) : oom(err);
   char *js = rc ? NULL : json_dumps(req, JSON_COMPACT);
   if (!rc && !js) rc = oom(err);
-  size_t n = json_array_size(c.msgs);
-  json_decref(req); /* (and c.msgs) */
-  json_decref(c.parts);
-  json_decref(c.pfrom);
   if (!rc) {
     rc = fe_api_parse_request(kind, js, strlen(js), cfg, out, err);
-    if (rc) rename_param(err->param, sizeof(err->param), c.origin, c.pfroms, n);
-    for (size_t i = 0; !rc && i < out->n_images; i++) /* the media's errors come later */
-      rename_param(out->images[i].param, sizeof(out->images[i].param), c.origin, c.pfroms, n);
+    if (rc) rename_error(&c, err);
+    /* the media's errors come later: the k-th image is the k-th image block (the
+     * chat parse names it where the tool turns' rewriting put it) */
+    for (size_t i = 0; !rc && i < out->n_images; i++) {
+      const char *blk = json_string_value(json_array_get(c.images, i));
+      if (blk) snprintf(out->images[i].param, sizeof(out->images[i].param), "%s.source", blk);
+    }
     for (struct fe_api_grammar_check *g = rc ? NULL : out->checks; g; g = g->next)
-      rename_param(g->param, sizeof(g->param), c.origin, c.pfroms, n); /* and the grammars' */
-    if (!rc)
-      rename_param(out->grammar_param, sizeof(out->grammar_param), c.origin, c.pfroms, n);
+      rename_param(&c, g->param, sizeof(g->param)); /* and the grammars' */
+    if (!rc) rename_param(&c, out->grammar_param, sizeof(out->grammar_param));
   }
-  json_decref(c.pfroms);
+  json_decref(req); /* (and c.msgs) */
+  json_decref(c.parts);
+  json_decref(c.images);
   free(js);
   if (!rc) out->anthropic = count ? FE_API_ANTHROPIC_COUNT : FE_API_ANTHROPIC;
   for (size_t i = 0; c.origin && i < c.cap; i++)

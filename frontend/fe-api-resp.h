@@ -52,8 +52,9 @@ struct fe_api_choice {
    * after the first), written as "prompt_logprobs" in the choice for completions, in
    * the response (choice 0's) for chat; NULL: none */
   const char *prompt_logprobs;
-  size_t prompt_logprobs_len; /* the stop string (one of the request's stop) that ended the choice,
-                               * or NULL; Anthropic's stop_sequence */
+  size_t prompt_logprobs_len;
+  /* the stop string (one of the request's stop) that ended the choice, or NULL;
+   * Anthropic's stop_sequence */
   const char *stop_str;
 };
 

@@ -195,6 +195,9 @@ static void call_deltas(struct fe_msg_stream *s, struct fe_buf *out, const char 
 int fe_msg_stream_chunk(struct fe_msg_stream *s, struct fe_buf *out, const struct fe_api_choice *c,
                         const struct fe_api_usage *u) {
   start(s, out, u);
+  /* a call's arguments go on before what follows it in the same chunk */
+  int calls_first = s->open == 'u' && c->tool_calls;
+  if (calls_first) call_deltas(s, out, c->tool_calls);
   if (c->reasoning_len) {
     open_block(s, out, 'k', NULL);
     delta(s, out, c->reasoning, c->reasoning_len);
@@ -203,7 +206,7 @@ int fe_msg_stream_chunk(struct fe_msg_stream *s, struct fe_buf *out, const struc
     open_block(s, out, 't', NULL);
     delta(s, out, c->text, c->text_len);
   }
-  if (c->tool_calls) call_deltas(s, out, c->tool_calls);
+  if (c->tool_calls && !calls_first) call_deltas(s, out, c->tool_calls);
   return out->err;
 }
 

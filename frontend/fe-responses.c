@@ -317,6 +317,9 @@ static void call_deltas(struct fe_resp_stream *s, struct fe_buf *out, const char
 
 int fe_resp_stream_chunk(struct fe_resp_stream *s, struct fe_buf *out,
                          const struct fe_api_choice *c) {
+  /* a call's arguments go on before what follows it in the same chunk */
+  int calls_first = s->open == 'f' && c->tool_calls;
+  if (calls_first) call_deltas(s, out, c->tool_calls);
   if (c->reasoning_len) {
     open_item(s, out, 'r', NULL, NULL);
     delta_event(s, out, c->reasoning, c->reasoning_len);
@@ -329,7 +332,7 @@ int fe_resp_stream_chunk(struct fe_resp_stream *s, struct fe_buf *out,
     open_item(s, out, 'm', NULL, NULL);
     delta_event(s, out, c->text, c->text_len);
   }
-  if (c->tool_calls) call_deltas(s, out, c->tool_calls);
+  if (c->tool_calls && !calls_first) call_deltas(s, out, c->tool_calls);
   return out->err;
 }
 

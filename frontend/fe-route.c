@@ -530,6 +530,8 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
   }
   for (size_t i = 0; i < N_ROUTES; i++) {
     if (!path_is(req, routes[i].path)) continue;
+    int anthropic = !strncmp(routes[i].path, "/v1/messages", 12);
+    if (anthropic) fe_conn_set_anthropic(c); /* its errors in its envelope (a 405 too) */
     size_t al = strlen(allow);
     snprintf(allow + al, sizeof(allow) - al, "%s%s", al ? ", " : "", routes[i].method);
     /* HEAD is GET without the body (the server drops it) */
@@ -538,8 +540,6 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
     if (!head && (req->method_len != strlen(routes[i].method) ||
                   memcmp(req->method, routes[i].method, req->method_len) != 0))
       continue;
-    int anthropic = !strncmp(routes[i].path, "/v1/messages", 12);
-    if (anthropic) fe_conn_set_anthropic(c); /* its errors in its envelope */
     if (!routes[i].open && r->api_key) {
       if (!authorized(req, r->api_key)) {
         static const char msg[] =

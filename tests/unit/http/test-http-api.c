@@ -998,8 +998,8 @@ TH_TEST(api_messages_blocks) {
   TH_CHECK(r.max_tokens == 9 && r.temperature == 0.5 && r.top_k == 5 && r.tool_answer == 1);
   TH_CHECK(r.n_stop == 1 && !strcmp(r.stop[0], "##"));
   /* system, user (text, image), assistant (text and call), tool, user (the result's
-   * image), user (next) */
-  TH_REQUIRE(r.n_messages == 6);
+   * image, then next) */
+  TH_REQUIRE(r.n_messages == 5);
   TH_CHECK(r.messages[0].role == FE_API_ROLE_SYSTEM);
   TH_CHECK(strstr(r.messages[0].content, "Be brief.") != NULL);
   TH_CHECK(r.messages[1].role == FE_API_ROLE_USER && r.messages[1].n_parts == 2);
@@ -1013,9 +1013,45 @@ TH_TEST(api_messages_blocks) {
   TH_CHECK_EQ_STR(r.messages[2].content,
                   "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{\"x\":1}}]}");
   TH_CHECK(strstr(r.messages[3].content, "toolu_1") && strstr(r.messages[3].content, "2\\n3"));
-  TH_CHECK(r.messages[4].role == FE_API_ROLE_USER && r.messages[4].n_parts == 1);
-  TH_CHECK_EQ_STR(r.messages[5].content, "next");
+  TH_CHECK(r.messages[4].role == FE_API_ROLE_USER && r.messages[4].n_parts == 2);
+  TH_CHECK_EQ_STR(r.messages[4].content, "next");
   fe_api_request_free(&r);
+
+  /* Gemma 4's native tools: two results answer one turn's calls, the first with an
+   * image, which goes after both; the image's block named through the rewriting */
+  struct fe_api_model g4 = {.reasoning = 1, .native_tools = 1};
+  for (int i = 0; i < FE_G4_N_MARKERS; i++)
+    g4.marker[i] = 100 + i;
+  const struct fe_api_config ncfg = {"gemma", 1000, &g4};
+  const char *nb =
+      "{\"model\":\"gemma\",\"max_tokens\":9,\"tools\":[{\"name\":\"f\",\"input_schema\":{"
+      "\"type\":\"object\"}}],\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+      "\"text\":\"a\"},{\"type\":\"image\",\"source\":{\"type\":\"url\",\"url\":\"file:///"
+      "a.png\"}}]},"
+      "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":"
+      "\"f\",\"input\":{}},{\"type\":\"tool_use\",\"id\":\"t2\",\"name\":\"f\",\"input\":{}}]},"
+      "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"and\"},{\"type\":"
+      "\"tool_result\",\"tool_use_id\":\"t1\",\"content\":[{\"type\":\"image\",\"source\":{"
+      "\"type\":\"url\",\"url\":\"file:///b.png\"}}]},{\"type\":\"tool_result\",\"tool_use_id\":"
+      "\"t2\",\"content\":\"ok\"}]}]}";
+  rc = fe_api_parse_messages(0, nb, strlen(nb), &ncfg, &r, &e);
+  if (rc) th_fail(__FILE__, __LINE__, "%s (%s)", e.message, e.param);
+  TH_REQUIRE(rc == 0);
+  TH_REQUIRE(r.n_images == 2);
+  TH_CHECK_EQ_STR(r.images[0].param, "messages[0].content[1].source");
+  TH_CHECK_EQ_STR(r.images[1].param, "messages[2].content[1].content[0].source");
+  fe_api_request_free(&r);
+  /* a result for no call: the chat parse's error in the Messages request's terms */
+  const char *nocall =
+      "{\"model\":\"gemma\",\"max_tokens\":9,\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+      "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t1\",\"name\":"
+      "\"f\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+      "\"tool_use_id\":\"t1\",\"content\":\"1\"},{\"type\":\"tool_result\",\"tool_use_id\":"
+      "\"t9\",\"content\":\"2\"}]}]}";
+  TH_CHECK(fe_api_parse_messages(0, nocall, strlen(nocall), &ncfg, &r, &e) != 0);
+  TH_CHECK_EQ_STR(e.param, "messages[2].content[1].tool_use_id");
+  TH_CHECK(strstr(e.message, "'messages[2].content[1].tool_use_id'") != NULL);
+  TH_CHECK(strstr(e.message, "tool_call_id") == NULL);
 
   /* count_tokens: the same messages as /tokenize's, max_tokens not needed */
   const char *cnt = "{\"model\":\"gemma\",\"system\":\"s\",\"messages\":[{\"role\":\"user\","
@@ -1057,7 +1093,10 @@ TH_TEST(api_messages_blocks) {
     else if (!strcmp(c, "think") || !strcmp(c, "nothink"))
       TH_CHECK(r.thinking == !strcmp(c, "think"));
     else if (!strcmp(c, "schema"))
-      TH_CHECK(r.grammar_kind == GR_JSON_SCHEMA && !strcmp(r.grammar_param, "output_format.schema"));
+      TH_CHECK(r.grammar_kind == GR_JSON_SCHEMA &&
+               !strcmp(r.grammar_param, strstr(ok[i].extra, "output_config")
+                                            ? "output_config.format.schema"
+                                            : "output_format.schema"));
     else
       TH_CHECK(r.tool_answer == 1 && r.grammar_kind != 0);
     fe_api_request_free(&r);
@@ -1067,12 +1106,15 @@ TH_TEST(api_messages_blocks) {
   } refused[] = {
       {"{\"model\":\"gemma\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "max_tokens"},
       {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "model"},
-      {"{\"model\":\"other\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+      {"{\"model\":\"other\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]"
+       "}",
        "model"},
       {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[]}", "messages"},
-      {"{\"model\":\"gemma\",\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}",
+      {"{\"model\":\"gemma\",\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]"
+       "}",
        "max_tokens"},
-      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"a\"}]}",
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"a\"}"
+       "]}",
        "messages[0].role"},
       {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":7}]}",
        "messages[0].content"},
@@ -1097,6 +1139,17 @@ TH_TEST(api_messages_blocks) {
       {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
        "\"tool_choice\":{\"type\":\"required\"}}",
        "tool_choice"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}}],\"tool_choice\":{"
+       "\"type\":\"tool\","
+       "\"name\":\"g\"}}",
+       "tool_choice.name"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"tools\":[5]}",
+       "tools[0]"},
+      {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+       "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":2048},\"chat_template_kwargs\":5}",
+       "chat_template_kwargs"},
       {"{\"model\":\"gemma\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
        "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":10}}",
        "thinking.budget_tokens"},

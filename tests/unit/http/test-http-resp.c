@@ -915,3 +915,39 @@ TH_TEST(resp_messages_events) {
                           "\"overloaded_error\"") == b.data);
   fe_buf_free(&b);
 }
+
+/* A chunk that ends a call's arguments and begins text after the call: the
+ * arguments go first, into the call, in both APIs' streams (the text's block or
+ * item closes the call). */
+TH_TEST(resp_call_arguments_before_text) {
+  struct fe_api_choice a = {0};
+  a.tool_calls = "[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
+                 "\"f\",\"arguments\":\"{\\\"a\"}}]";
+  struct fe_api_choice b = {0, "after", 5};
+  b.tool_calls = "[{\"index\":0,\"function\":{\"arguments\":\"\\\":1}\"}}]";
+  struct fe_api_usage u = {4, 2, 0, 0, 0};
+  struct fe_api_resp_meta m = {"msg_3", 1700000000, "gemma"};
+  struct fe_buf out;
+  fe_buf_init(&out, 0);
+  struct fe_msg_stream ms;
+  fe_msg_stream_init(&ms, &m);
+  fe_msg_stream_chunk(&ms, &out, &a, &u);
+  fe_msg_stream_chunk(&ms, &out, &b, &u);
+  TH_REQUIRE(fe_msg_stream_end(&ms, &out, "stop", NULL, &u) == 0);
+  const char *args = strstr(out.data, "\"partial_json\":\"\\\":1}\"");
+  const char *stop0 = strstr(out.data, "\"type\":\"content_block_stop\",\"index\":0");
+  const char *text = strstr(out.data, "\"type\":\"text_delta\",\"text\":\"after\"");
+  TH_CHECK(args && stop0 && text && args < stop0 && stop0 < text);
+  fe_buf_reset(&out);
+  struct fe_resp_stream rs;
+  fe_resp_stream_init(&rs, &m, NULL);
+  fe_resp_stream_chunk(&rs, &out, &a);
+  fe_resp_stream_chunk(&rs, &out, &b);
+  TH_REQUIRE(fe_resp_stream_end(&rs, &out, "stop", &u, NULL) == 0);
+  const char *done = strstr(out.data, "\"type\":\"response.function_call_arguments.done\"");
+  const char *tdelta = strstr(out.data, "\"type\":\"response.output_text.delta\"");
+  TH_CHECK(done && tdelta && done < tdelta);
+  TH_CHECK(done && strstr(done, "\"arguments\":\"{\\\"a\\\":1}\"") != NULL);
+  fe_resp_stream_free(&rs);
+  fe_buf_free(&out);
+}
