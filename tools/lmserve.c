@@ -24,6 +24,8 @@ static const struct subcommand subcommands[] = {
     {"scheduler", sch_main, "run the scheduler role alone"},
     {"worker", wk_worker_main, "run one worker (tensor-parallel rank) alone"},
     {"generate", tl_generate_main, "offline generation in one process (tests, demos)"},
+    {"run-batch", tl_run_batch_main,
+     "a file of requests in OpenAI's batch format through serve (vLLM's run-batch)"},
     {"tokenize", tl_tokenize_main, "text on stdin -> token ids (JSON array)"},
     {"detokenize", tl_detokenize_main, "token ids (JSON array) on stdin -> text"},
     {"bench", tl_bench_main, "benchmarks: bench model | bench serve"},

@@ -18,6 +18,7 @@ int tl_bench_grammar_main(int argc, char **argv);   /* tl-bench-grammar.c */
 int tl_bench_matmul_main(int argc, char **argv);    /* tl-bench-matmul.c */
 
 int tl_generate_main(int argc, char **argv);   /* tl-generate.c */
+int tl_run_batch_main(int argc, char **argv);  /* tl-run-batch.c */
 int tl_tokenize_main(int argc, char **argv);   /* tl-tokenize.c */
 int tl_detokenize_main(int argc, char **argv); /* tl-tokenize.c */
 
