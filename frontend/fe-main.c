@@ -137,7 +137,7 @@ int fe_frontend_main(int argc, char **argv) {
   const char *gen_config = "auto", *gen_override = NULL;
   static struct md_sampling sampling; /* the router keeps a pointer */
   const char *cors_origins = NULL, *cors_methods = NULL, *cors_headers = NULL;
-  int cors_credentials = 0, prompt_details = 0, trust_template = 0;
+  int cors_credentials = 0, prompt_details = 0, trust_template = 0, no_access_log = 0;
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
   uint64_t store_size = 64u << 20; /* bytes: the Responses API's store */
@@ -175,6 +175,8 @@ int fe_frontend_main(int argc, char **argv) {
        FE_MAIN_PROMPT_DETAILS_HELP},
       {"trust-request-chat-template", CM_OPT_BOOL, &trust_template, NULL,
        FE_MAIN_TRUST_TEMPLATE_HELP},
+      {"disable-access-log", CM_OPT_BOOL, &no_access_log, NULL, FE_MAIN_ACCESS_LOG_HELP},
+      {"disable-uvicorn-access-log", CM_OPT_BOOL, &no_access_log, NULL, "the same (vLLM's name)"},
       {"generation-config", CM_OPT_STR, &gen_config, "auto|vllm|DIR", FE_MAIN_GEN_CONFIG_HELP},
       {"override-generation-config", CM_OPT_STR, &gen_override, "JSON", FE_MAIN_GEN_OVERRIDE_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
@@ -370,6 +372,7 @@ int fe_frontend_main(int argc, char **argv) {
     return 1;
   }
   if (tls) fe_server_set_tls(app.srv, tls);
+  fe_server_set_access_log(app.srv, !no_access_log);
   uv_signal_init(app.loop, &app.sigint);
   uv_signal_init(app.loop, &app.sigterm);
   app.sigint.data = app.sigterm.data = &app;

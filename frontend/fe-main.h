@@ -39,6 +39,9 @@ int fe_main_cors_check(const char *origins, const char *methods, const char *hea
 #define FE_MAIN_PROMPT_DETAILS_HELP                                                                \
   "answers' usage reports prompt_tokens_details.cached_tokens: the prompt tokens the prefix "      \
   "cache served (as vLLM's flag)"
+#define FE_MAIN_ACCESS_LOG_HELP                                                                    \
+  "no log line per request answered (by default one, as uvicorn's access log: client, method, "    \
+  "path, status, seconds, body bytes; /health, /ping and /metrics at debug level)"
 #define FE_MAIN_TRUST_TEMPLATE_HELP                                                                \
   "chat requests may carry their own chat_template (or chat_template_kwargs.chat_template), "      \
   "rendered in place of the model's; without it such a request is a 400 (as vLLM's flag)"

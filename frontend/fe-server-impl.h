@@ -59,6 +59,12 @@ struct fe_conn {
   char answer_hdrs[FE_CONN_HEADERS_MAX]; /* lines every answer to this request carries
                                             (fe_conn_set_headers): CORS */
   int anthropic;   /* errors in Anthropic's envelope (fe_conn_set_anthropic) */
+  uint64_t t0_ns;  /* the request in hand: when it was handed to the handler */
+  int status;      /* its answer's status (0: none yet) */
+  uint64_t bytes;  /* its answer's body bytes */
+  char peer[64];   /* "ADDR:PORT" of the client, for the access log */
+  char what[300];  /* the request in hand's "METHOD PATH HTTP/1.x", made harmless */
+  int quiet;       /* ... is a probe's (/health, /ping, /metrics): logged at debug level */
   int head_stale;  /* rbuf moved since the head was parsed: req's pointers are stale */
   int closed;      /* uv_close called */
   int close_after; /* close once the queued bytes are written */
@@ -99,6 +105,7 @@ struct fe_server {
   char date[64];         /* "Date: ...\r\n" for the current second */
   int64_t date_s;        /* Unix second `date` was made for */
   struct fe_tls *tls;    /* NULL: plain HTTP; owned */
+  int access_log;        /* a log line per request answered (fe_server_set_access_log) */
 };
 
 /* fe-server.c */

@@ -86,6 +86,7 @@ int fe_server_create(uv_loop_t *loop, const char *host, int port,
   uv_tcp_getsockname(&s->listener, (struct sockaddr *)&bound, &blen);
   s->port = bound.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&bound)->sin6_port)
                                         : ntohs(((struct sockaddr_in *)&bound)->sin_port);
+  s->access_log = 1;
   *out = s;
   return 0;
 }
@@ -112,6 +113,10 @@ int fe_server_writing(const struct fe_server *s) {
   for (const struct fe_conn *c = s->conns; c; c = c->next)
     n += !c->closed && (c->pend.len || c->tout.len || c->fly.len);
   return n;
+}
+
+void fe_server_set_access_log(struct fe_server *s, int on) {
+  s->access_log = on;
 }
 
 void fe_server_drain(struct fe_server *s) {

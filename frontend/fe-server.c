@@ -15,6 +15,7 @@
 #include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-log.h"
+#include "common/cm-time.h"
 #include "frontend/fe-api-error.h"
 #include "frontend/fe-http-buf.h"
 
@@ -366,6 +367,32 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   if (!c->busy) process(c);
 }
 
+/* The request in hand as the access log names it (c->what, c->quiet): its method,
+ * path and version, the client's control bytes and quotes made harmless. */
+static void access_what(struct fe_conn *c) {
+  const struct fe_http_request *q = &c->req;
+  static const char *const quiet[] = {"/health", "/ping", "/metrics"};
+  c->quiet = 0;
+  for (size_t i = 0; i < sizeof(quiet) / sizeof(quiet[0]); i++)
+    c->quiet |= q->path_len == strlen(quiet[i]) && !memcmp(q->path, quiet[i], q->path_len);
+  size_t o = 0, cap = sizeof(c->what) - 24;
+  for (size_t i = 0; i < q->method_len && o < 16; i++)
+    c->what[o++] = q->method[i] > 32 && q->method[i] < 127 ? q->method[i] : '?';
+  c->what[o++] = ' ';
+  for (size_t i = 0; i < q->path_len && o < cap; i++)
+    c->what[o++] = q->path[i] > 32 && q->path[i] < 127 && q->path[i] != '"' ? q->path[i] : '?';
+  snprintf(c->what + o, sizeof(c->what) - o, "%s HTTP/1.%d", o >= cap ? "..." : "", c->minor);
+}
+
+/* The access log's line of the request in hand (fe_server_set_access_log). */
+static void access_line(struct fe_conn *c) {
+  if (!c->srv->access_log) return;
+  double s = (double)(cm_time_ns() - c->t0_ns) / 1e9;
+  int status = c->closed && !c->status ? 499 : c->status; /* (nginx's: the client left) */
+  cm_log(c->quiet ? CM_LOG_DEBUG : CM_LOG_INFO, TAG, "%s \"%s\" %d %.3f s %llu bytes", c->peer,
+         c->what, status, s, (unsigned long long)c->bytes);
+}
+
 static void dispatch(struct fe_conn *c, const char *body, size_t len, size_t consumed) {
   if (c->head_stale) { /* the buffer grew while the body arrived: point into it again */
     int rc = fe_http_parse_request(c->rbuf, c->head_len, &c->req, c->hdrs, c->srv->lim.max_headers);
@@ -380,6 +407,10 @@ static void dispatch(struct fe_conn *c, const char *body, size_t len, size_t con
   c->head_only = c->req.method_len == 4 && memcmp(c->req.method, "HEAD", 4) == 0;
   c->answer_hdrs[0] = 0;
   c->anthropic = 0;
+  c->t0_ns = cm_time_ns();
+  c->status = 0;
+  c->bytes = 0;
+  if (c->srv->access_log) access_what(c);
   c->abort_cb = NULL;
   c->srv->n_busy++;
   set_timer(c, TM_NONE);
@@ -562,6 +593,7 @@ static void tls_pump(struct fe_conn *c) {
  * with the next pipelined request. */
 static void finish(struct fe_conn *c) {
   CM_ASSERT(c->busy);
+  access_line(c);
   c->busy = 0;
   c->srv->n_busy--;
   c->abort_cb = NULL;
@@ -597,6 +629,8 @@ int fe_conn_respond(struct fe_conn *c, int status, const char *content_type,
                     const char *extra_headers, const char *body, size_t len) {
   CM_ASSERT(c->busy && !c->streaming);
   int rc = CM_ERR_CLOSED;
+  c->status = status;
+  c->bytes = c->head_only ? 0 : len;
   if (!c->closed) {
     if (c->srv->draining) c->keep_alive = 0;
     rc = write_head(c, status, content_type, extra_headers, (int64_t)len);
@@ -625,6 +659,7 @@ int fe_conn_stream_begin(struct fe_conn *c, int status, const char *content_type
                          const char *extra_headers) {
   CM_ASSERT(c->busy && !c->streaming);
   c->streaming = 1;
+  c->status = status;
   if (c->closed) return CM_ERR_CLOSED;
   c->chunked_out = c->minor == 1;
   if (!c->chunked_out || c->srv->draining) c->keep_alive = 0;
@@ -637,6 +672,7 @@ int fe_conn_stream_write(struct fe_conn *c, const char *data, size_t len) {
   CM_ASSERT(c->busy && c->streaming);
   if (c->closed) return CM_ERR_CLOSED;
   if (len == 0) return 0; /* an empty chunk would end the body */
+  c->bytes += len;
   int rc = 0;
   if (c->chunked_out) {
     char size[24];
@@ -742,6 +778,20 @@ void fe_conn__accept(struct fe_server *s, uv_stream_t *ls) {
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);
+  struct sockaddr_storage sa = {.ss_family = AF_UNSPEC};
+  int sl = sizeof(sa);
+  char ip[48] = "?";
+  int port = 0;
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &sl) == 0) {
+    if (sa.ss_family == AF_INET6) {
+      uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof(ip));
+      port = ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+    } else if (sa.ss_family == AF_INET) {
+      uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof(ip));
+      port = ntohs(((struct sockaddr_in *)&sa)->sin_port);
+    }
+  }
+  snprintf(c->peer, sizeof(c->peer), sa.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", ip, port);
   if (s->tls) {
     if (fe_tls_conn_create(s->tls, &c->tls) != 0 || !(c->tin = malloc(FE_READ_CHUNK))) {
       cm_error(TAG, "out of memory accepting a TLS connection");

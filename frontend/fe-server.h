@@ -65,6 +65,11 @@ struct fe_tls;
 /* Serves HTTPS from now on: connections accepted after the call speak TLS
  * (fe-tls.h). The server takes `tls` and destroys it with itself. */
 void fe_server_set_tls(struct fe_server *s, struct fe_tls *tls);
+/* A log line (cm-log's info level; debug for /health, /ping and /metrics) for each
+ * request answered, as uvicorn's access log and llama.cpp's server write them:
+ *   127.0.0.1:50422 "POST /v1/chat/completions HTTP/1.1" 200 0.534 s 1234 bytes
+ * (the body's bytes; a stream's time runs to its end). On by default. */
+void fe_server_set_access_log(struct fe_server *s, int on);
 /* Stops accepting work: idle connections close, new requests get 503 with
  * Connection: close; requests in progress go on. */
 void fe_server_drain(struct fe_server *s);

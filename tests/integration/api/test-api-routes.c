@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/cm-time.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
 #include "tests/integration/api/api-serve.h"
@@ -405,6 +406,66 @@ TH_TEST(api_engine_length_limit) {
   json_decref(j);
   TH_CHECK(!isnan(as_metric(server(), "lmserve:generation_tokens_total")));
   TH_CHECK(as_metric(server(), "lmserve:generation_tokens_total") > 0);
+}
+
+/* The access log: a line per request answered in serve's log (client, method, path,
+ * status, seconds, bytes), the client's quotes and control bytes made harmless, the
+ * health probe's only at debug level. */
+TH_TEST(api_access_log) {
+  struct as_resp r;
+  as_post(server(), "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", &r);
+  TH_CHECK_EQ_INT(r.status, 200);
+  size_t body = r.body_len;
+  as_resp_free(&r);
+  as_get(server(), "/v1/nope%22%0d", &r);
+  TH_CHECK_EQ_INT(r.status, 404);
+  as_resp_free(&r);
+  as_get(server(), "/health", &r);
+  as_resp_free(&r);
+  char want[160];
+  snprintf(want, sizeof(want), "\"POST /v1/completions HTTP/1.1\" 200 ");
+  for (int tries = 0; tries < 50; tries++) { /* (the frontend writes it as it answers) */
+    FILE *f = fopen(server()->log, "r");
+    TH_REQUIRE(f != NULL);
+    char line[1024];
+    int post = 0, nope = 0, health = 0;
+    while (fgets(line, sizeof(line), f)) {
+      const char *at = strstr(line, want);
+      if (at && strstr(line, "127.0.0.1:")) {
+        char tail[64];
+        snprintf(tail, sizeof(tail), " s %zu bytes", body);
+        post |= strstr(at, tail) != NULL;
+      }
+      nope |= strstr(line, "\"GET /v1/nope%22%0d HTTP/1.1\" 404 ") != NULL;
+      health |= strstr(line, "\"GET /health") != NULL;
+    }
+    fclose(f);
+    if (post && nope) {
+      TH_CHECK(!health);
+      return;
+    }
+    cm_time_sleep_ns(100000000ull);
+  }
+  th_fail(__FILE__, __LINE__, "no access log lines in %s", server()->log);
+}
+
+/* --disable-access-log (and vLLM's --disable-uvicorn-access-log): no such lines */
+TH_TEST(api_access_log_off) {
+  for (int k = 0; k < 2; k++) {
+    struct as_server s = {0};
+    as_start(&s, 0, (char *[]){k ? "--disable-uvicorn-access-log" : "--disable-access-log", NULL});
+    struct as_resp r;
+    as_post(&s, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", &r);
+    TH_CHECK_EQ_INT(r.status, 200);
+    as_resp_free(&r);
+    as_stop(&s);
+    FILE *f = fopen(s.log, "r");
+    TH_REQUIRE(f != NULL);
+    char line[1024];
+    while (fgets(line, sizeof(line), f))
+      TH_CHECK(strstr(line, "\"POST /v1/completions") == NULL);
+    fclose(f);
+  }
 }
 
 TH_TEST(api_routes_stop) {
