@@ -123,8 +123,53 @@ void fe_main_sampling_text(const struct md_sampling *s, char *out, size_t size) 
 #undef PUT
 }
 
+/* --api-key's keys (NULL: none) and those of the file `path`, a line apart, into
+ * *out (malloc'd): 0, or -1 with the reason printed. The file is read once, at
+ * start (a restart picks up a rotated key). */
+int fe_main_read_keys(const char *keys, const char *path, char **out) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "lmserve: --api-key-file %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  size_t kl = keys ? strlen(keys) : 0, cap = kl + 4096, n = 0;
+  char *buf = malloc(cap);
+  if (buf && kl) {
+    memcpy(buf, keys, kl);
+    buf[kl] = '\n';
+    n = kl + 1;
+  }
+  size_t k = 0;
+  while (buf && (k = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+    n += k;
+    if (cap - n - 1 == 0) {
+      char *nb = cap < (1u << 20) ? realloc(buf, 2 * cap) : NULL;
+      if (!nb) {
+        free(buf);
+        buf = NULL;
+        break;
+      }
+      buf = nb;
+      cap *= 2;
+    }
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (!buf || bad || memchr(buf, 0, n)) {
+    fprintf(stderr, "lmserve: --api-key-file %s: %s\n", path,
+            bad   ? strerror(errno)
+            : buf ? "not a text file"
+                  : "larger than 1 MiB");
+    free(buf);
+    return -1;
+  }
+  buf[n] = 0;
+  *out = buf;
+  return 0;
+}
+
 int fe_frontend_main(int argc, char **argv) {
-  const char *host = "127.0.0.1", *api_key = NULL, *model = NULL;
+  const char *host = "127.0.0.1", *api_key = NULL, *model = NULL, *key_file = NULL;
   static struct cm_strs schedulers, names, lora_args; /* values live as long as the process */
   static struct md_lora_module loras[CM_STRS_MAX];
   static const char *lora_names[CM_STRS_MAX], *lora_paths[CM_STRS_MAX];
@@ -145,8 +190,8 @@ int fe_frontend_main(int argc, char **argv) {
   struct cm_opt opts[] = {
       {"host", CM_OPT_STR, &host, "ADDR", "address or host name to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &port, "N", "TCP port (default 8000; 0 picks a free one)", 0, 65535},
-      {"api-key", CM_OPT_STR, &api_key, "KEY",
-       "require Authorization: Bearer KEY (also LMSERVE_API_KEY)"},
+      {"api-key", CM_OPT_STR, &api_key, "KEY", FE_MAIN_API_KEY_HELP},
+      {"api-key-file", CM_OPT_STR, &key_file, "FILE", FE_MAIN_API_KEY_FILE_HELP},
       {"served-model-name", CM_OPT_STRS, &names, "NAME", FE_MAIN_SERVED_NAME_HELP},
       {"lora-modules", CM_OPT_STRS, &lora_args, "NAME=PATH", MD_LORA_MODULES_HELP},
       {"ssl-keyfile", CM_OPT_STR, &ssl_key, "FILE",
@@ -212,6 +257,11 @@ int fe_frontend_main(int argc, char **argv) {
   if (rc == CM_ARGS_HELP) return 0;
   if (rc < 0) return 2;
   if (!api_key) api_key = getenv("LMSERVE_API_KEY");
+  static char *keys; /* --api-key's and --api-key-file's keys, a line apart */
+  if (key_file) {
+    if (fe_main_read_keys(api_key, key_file, &keys) != 0) return 2;
+    api_key = keys;
+  }
   for (int i = 0; i < names.n; i++)
     if (!*names.v[i]) {
       fprintf(stderr, "lmserve frontend: --served-model-name must not be empty\n");

@@ -39,6 +39,16 @@ int fe_main_cors_check(const char *origins, const char *methods, const char *hea
 #define FE_MAIN_PROMPT_DETAILS_HELP                                                                \
   "answers' usage reports prompt_tokens_details.cached_tokens: the prompt tokens the prefix "      \
   "cache served (as vLLM's flag)"
+#define FE_MAIN_API_KEY_HELP                                                                       \
+  "require the key: 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'; several keys a comma apart "  \
+  "(also LMSERVE_API_KEY)"
+#define FE_MAIN_API_KEY_FILE_HELP                                                                  \
+  "keys from FILE, one a line (blank lines and lines that begin with '#' skipped), besides "       \
+  "--api-key's"
+
+/* --api-key's keys and those of --api-key-file, as the frontend's router takes them. */
+int fe_main_read_keys(const char *keys, const char *path, char **out);
+
 #define FE_MAIN_ACCESS_LOG_HELP                                                                    \
   "no log line per request answered (by default one, as uvicorn's access log: client, method, "    \
   "path, status, seconds, body bytes; /health, /ping and /metrics at debug level)"

@@ -15,9 +15,13 @@
 #include "frontend/fe-rstore.h"
 #include "lmserve-config.h"
 
+#define MAX_KEYS 256 /* API keys */
+
 struct fe_router {
   struct fe_route_config cfg;
-  char *api_key;
+  char *api_key; /* the keys' text, each key NUL-terminated in place */
+  char *keys[MAX_KEYS];
+  int n_keys; /* 0: no auth */
   char *model_name;
   struct fe_engine_hooks hooks;
   struct fe_metrics *metrics;
@@ -501,13 +505,38 @@ int fe_route_auth_ok(const char *h, size_t len, const char *key) {
   return key_eq((const unsigned char *)h + i, len - i, key);
 }
 
-/* Whether the request carries the API key: Authorization: Bearer KEY, or
- * Anthropic's X-Api-Key: KEY (its clients send that one). */
-static int authorized(const struct fe_http_request *req, const char *key) {
+/* Whether the request carries one of the API keys: Authorization: Bearer KEY, or
+ * Anthropic's X-Api-Key: KEY (its clients send that one). Every key is compared,
+ * whichever matches. */
+static int authorized(const struct fe_router *r, const struct fe_http_request *req) {
   const struct fe_http_header *h = fe_http_find_header(req, "authorization");
-  if (h && fe_route_auth_ok(h->value, h->value_len, key)) return 1;
-  h = fe_http_find_header(req, "x-api-key");
-  return h && key_eq((const unsigned char *)h->value, h->value_len, key);
+  const struct fe_http_header *x = fe_http_find_header(req, "x-api-key");
+  int ok = 0;
+  for (int i = 0; i < r->n_keys; i++) {
+    ok |= h && fe_route_auth_ok(h->value, h->value_len, r->keys[i]);
+    ok |= x && key_eq((const unsigned char *)x->value, x->value_len, r->keys[i]);
+  }
+  return ok;
+}
+
+/* The keys of r->api_key (split in place): commas and line ends part them, the
+ * spaces around each are not part of it. */
+static int split_keys(struct fe_router *r) {
+  for (char *p = r->api_key; p && *p;) {
+    size_t n = strcspn(p, ",\r\n");
+    char *end = p + n, *next = *end ? end + 1 : end;
+    *end = 0;
+    while (*p == ' ' || *p == '\t')
+      p++;
+    for (char *q = end; q > p && (q[-1] == ' ' || q[-1] == '\t');)
+      *--q = 0;
+    if (*p && *p != '#') {
+      if (r->n_keys == MAX_KEYS) return CM_ERR_TOOBIG;
+      r->keys[r->n_keys++] = p;
+    }
+    p = next;
+  }
+  return 0;
 }
 
 /* Whether the request's path is p, or (p ending in a slash and a star) p up to its
@@ -540,8 +569,8 @@ void fe_router_handle(void *ud, struct fe_conn *c, const struct fe_http_request 
     if (!head && (req->method_len != strlen(routes[i].method) ||
                   memcmp(req->method, routes[i].method, req->method_len) != 0))
       continue;
-    if (!routes[i].open && r->api_key) {
-      if (!authorized(req, r->api_key)) {
+    if (!routes[i].open && r->n_keys) {
+      if (!authorized(r, req)) {
         static const char msg[] =
             "invalid or missing API key (Authorization: Bearer KEY, or X-Api-Key: KEY)";
         count_status(r, 401);
@@ -593,6 +622,15 @@ int fe_router_create(const struct fe_route_config *cfg, struct fe_router **out, 
   fe_buf_init(&r->scratch, 0);
   int rc = CM_ERR_NOMEM;
   if (!r->model_name || (cfg->api_key && *cfg->api_key && !r->api_key)) goto fail;
+  if ((rc = split_keys(r)) != 0) {
+    if (why) snprintf(why, whylen, "more than %d API keys", MAX_KEYS);
+    goto fail;
+  }
+  if (cfg->api_key && *cfg->api_key && !r->n_keys) {
+    if (why) snprintf(why, whylen, "the API key list holds no key");
+    rc = CM_ERR_INVAL;
+    goto fail;
+  }
   if ((rc = fe_metrics_create(cfg->model_name, &r->metrics)) != 0) goto fail;
   if ((rc = fe_metrics_register_standard(r->metrics, &r->ids)) != 0) goto fail;
   r->created = (int64_t)(cm_time_wall_ns() / 1000000000ull);

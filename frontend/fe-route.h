@@ -43,7 +43,9 @@ struct fe_engine_hooks {
 };
 
 struct fe_route_config {
-  const char *api_key;    /* NULL or "": no auth */
+  const char *api_key;    /* NULL or "": no auth; several keys a comma or a line apart, any
+                             of which opens the API (blank ones and lines that begin
+                             with '#' are not keys) */
   const char *model_name; /* the served model's name */
   int64_t max_model_len;  /* tokens */
   /* --default-chat-template-kwargs: a JSON object's text (NULL: none) */

@@ -56,6 +56,7 @@ struct tl_engine {
 struct tl_serve {
   /* flags */
   const char *model, *host, *api_key, *spec_model, *device, *dtype;
+  const char *api_key_file; /* the frontend's --api-key-file */
   /* --served-model-name: the name, then its aliases (their values live as long as the
    * process) */
   const struct cm_strs *served_names;

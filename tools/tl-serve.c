@@ -292,6 +292,7 @@ static int start_frontend(struct tl_serve *s) {
   argv_add_int(&f, "--drain-timeout", s->drain_timeout_s);
   if (s->max_model_len > 0) argv_add_int(&f, "--max-model-len", s->max_model_len);
   argv_add_str(&f, "--api-key", s->api_key);
+  argv_add_str(&f, "--api-key-file", s->api_key_file);
   /* vLLM's default: the model as --model named it */
   for (int i = 0; i < s->served_names->n; i++)
     argv_add_str(&f, "--served-model-name", s->served_names->v[i]);
@@ -389,7 +390,8 @@ int tl_serve_main(int argc, char **argv) {
       {"mmproj", CM_OPT_STR, &s.mmproj, "FILE", MD_MMPROJ_HELP},
       {"host", CM_OPT_STR, &s.host, "ADDR", "address to listen on (default 127.0.0.1)"},
       {"port", CM_OPT_INT, &s.port, "N", "port to listen on (default 8000)", 1, 65535},
-      {"api-key", CM_OPT_STR, &s.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
+      {"api-key", CM_OPT_STR, &s.api_key, "KEY", FE_MAIN_API_KEY_HELP},
+      {"api-key-file", CM_OPT_STR, &s.api_key_file, "FILE", FE_MAIN_API_KEY_FILE_HELP},
       {"served-model-name", CM_OPT_STRS, &served_names, "NAME", FE_MAIN_SERVED_NAME_HELP},
       {"lora-modules", CM_OPT_STRS, &lora_modules, "NAME=PATH", MD_LORA_MODULES_HELP},
       {"enable-lora", CM_OPT_BOOL, &s.enable_lora, NULL, MD_ENABLE_LORA_HELP},

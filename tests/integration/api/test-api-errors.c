@@ -17,10 +17,10 @@
 #include "tests/harness/th.h"
 #include "tests/integration/api/api-serve.h"
 
-#define KEY     "sekret-key"
+#define KEY "sekret-key"
 /* 8 samples of 16-bit mono PCM at 16 kHz, as a WAV, in base64 */
 #define TINY_WAV "UklGRjQAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YRAAAAAAAOgD0AfoAwAAGPww+Bj8"
-#define MAX_LEN 256
+#define MAX_LEN  256
 
 static struct as_server g_srv;
 static double g_5xx; /* lmserve:http_server_errors_total once ready */
@@ -82,6 +82,54 @@ TH_TEST(api_auth) {
   TH_CHECK_EQ_INT(as_request(s, "GET", "/health", "", NULL, &r), 200);
   as_resp_free(&r);
   check_still_serving(__LINE__);
+}
+
+/* Several keys (--api-key's, a comma apart, and --api-key-file's, one a line): each
+ * opens the API, by Authorization or X-Api-Key; a comment line of the file does not,
+ * nor does any other string. A key file that is not there stops serve with its name. */
+TH_TEST(api_auth_several_keys) {
+  th_proc_init(600);
+  struct as_server s = {.api_key = "k-one"};
+  as_start(&s, 0, NULL); /* (only to make the folder and the model: then again, with keys) */
+  as_stop(&s);
+  char file[400];
+  snprintf(file, sizeof(file), "%s/keys.txt", s.dir);
+  FILE *f = fopen(file, "w");
+  TH_REQUIRE(f != NULL);
+  fputs("# rotated on Mondays\nk-three\n\n  k-four  \n", f);
+  fclose(f);
+  struct as_server k = {.api_key = "k-one"};
+  as_start(&k, 0, (char *[]){"--api-key", "k-one, k-two", "--api-key-file", file, NULL});
+  static const struct {
+    const char *hdr;
+    int status;
+  } cases[] = {
+      {"Authorization: Bearer k-one\r\n", 200},
+      {"Authorization: Bearer k-two\r\n", 200},
+      {"Authorization: Bearer k-three\r\n", 200},
+      {"X-Api-Key: k-four\r\n", 200},
+      {"Authorization: Bearer k-one, k-two\r\n", 401},
+      {"Authorization: Bearer k-five\r\n", 401},
+      {"Authorization: Bearer # rotated on Mondays\r\n", 401},
+      {"X-Api-Key: \r\n", 401},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    struct as_resp r;
+    as_request(&k, "GET", "/v1/models", cases[i].hdr, NULL, &r);
+    if (r.status != cases[i].status) fprintf(stderr, "with '%s': %d\n", cases[i].hdr, r.status);
+    TH_CHECK_EQ_INT(r.status, cases[i].status);
+    as_resp_free(&r);
+  }
+  as_stop(&k);
+  struct th_out o = {0};
+  snprintf(file, sizeof(file), "%s/none.txt", s.dir);
+  char port[16];
+  snprintf(port, sizeof(port), "%d", th_free_port());
+  int rc = th_lmserve(&o, 120000, "serve", "--model", k.model, "--port", port, "--api-key-file",
+                      file, NULL);
+  TH_CHECK(rc != 0);
+  TH_CHECK(o.err && strstr(o.err, "none.txt") && strstr(o.err, "No such file"));
+  th_out_free(&o);
 }
 
 TH_TEST(api_bad_input_matrix) {
