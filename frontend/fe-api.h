@@ -28,6 +28,7 @@
 #define FE_API_MAX_BAD_WORD_BYTES 256 /* bytes of one of them */
 #define FE_API_MAX_IMAGES         64  /* image and audio parts in one chat request */
 #define FE_API_MAX_GRAMMAR        32768 /* bytes of a constraint's text (proto's limit) */
+#define FE_API_MAX_REQUEST_ID     128   /* bytes of a client's X-Request-Id */
 
 enum fe_api_kind {
   FE_API_COMPLETION, /* POST /v1/completions */
@@ -213,6 +214,10 @@ struct fe_api_request {
    * FE_API_ANTHROPIC; /v1/messages/count_tokens (a /tokenize request underneath):
    * FE_API_ANTHROPIC_COUNT; 0 for the other endpoints */
   int anthropic;
+  /* the client's X-Request-Id (or, with --enable-request-id-headers, one made): the
+   * answer's id is the endpoint's prefix and it ("chatcmpl-ID"), as vLLM makes it;
+   * NULL: a random id */
+  const char *client_id;
   struct cm_arena arena;          /* owns every pointer above */
 };
 

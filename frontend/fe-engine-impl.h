@@ -116,7 +116,7 @@ struct fe_eng_req {
   uint64_t parked_ns; /* monotonic: when it was first parked */
   char fail_msg[256];
   struct fe_sse_stream sse;
-  char id[64];
+  char id[160];      /* the answer's id: its prefix, then the client's or a random one */
   int64_t created;   /* Unix seconds */
   uint64_t start_ns; /* monotonic */
   int first_token_seen;

@@ -131,11 +131,7 @@ static void with_ids(const struct fe_eng_req *r, const struct fe_eng_choice *ch,
 static void stream_begin(struct fe_eng_req *r) {
   if (r->sse_on) return;
   r->sse_on = 1;
-  const char *prefix = r->api->responses             ? "resp_"
-                       : r->api->anthropic           ? "msg_"
-                       : r->api->kind == FE_API_CHAT ? "chatcmpl-"
-                                                     : "cmpl-";
-  fe_sse_begin(&r->sse, r->conn, r->api, prefix, r->created);
+  fe_sse_begin(&r->sse, r->conn, r->api, r->id, r->created);
   r->sse.n = r->n_ch; /* several prompts: n per prompt */
   if (r->api->kind != FE_API_CHAT) return;
   for (int k = 0; k < r->n_ch; k++) { /* the role first, with empty content, as vLLM does */

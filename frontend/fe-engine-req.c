@@ -853,11 +853,14 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
   r->stream = req->stream;
   r->start_ns = cm_time_ns();
   r->created = (int64_t)(cm_time_wall_ns() / 1000000000ull);
-  fe_api_make_id(r->id, sizeof(r->id),
-                 req->responses             ? "resp_"
-                 : req->anthropic           ? "msg_"
-                 : req->kind == FE_API_CHAT ? "chatcmpl-"
-                                            : "cmpl-");
+  const char *prefix = req->responses             ? "resp_"
+                       : req->anthropic           ? "msg_"
+                       : req->kind == FE_API_CHAT ? "chatcmpl-"
+                                                  : "cmpl-";
+  if (req->client_id) /* the client's X-Request-Id, as vLLM names its answer */
+    snprintf(r->id, sizeof(r->id), "%s%s", prefix, req->client_id);
+  else
+    fe_api_make_id(r->id, sizeof(r->id), prefix);
   /* link first: fe_eng_req_fail and the abort callback find it */
   r->next = e->reqs;
   if (e->reqs) e->reqs->prev = r;

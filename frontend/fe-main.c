@@ -183,6 +183,7 @@ int fe_frontend_main(int argc, char **argv) {
   static struct md_sampling sampling; /* the router keeps a pointer */
   const char *cors_origins = NULL, *cors_methods = NULL, *cors_headers = NULL;
   int cors_credentials = 0, prompt_details = 0, trust_template = 0, no_access_log = 0;
+  int id_headers = 0;
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
   uint64_t store_size = 64u << 20; /* bytes: the Responses API's store */
@@ -221,6 +222,7 @@ int fe_frontend_main(int argc, char **argv) {
       {"trust-request-chat-template", CM_OPT_BOOL, &trust_template, NULL,
        FE_MAIN_TRUST_TEMPLATE_HELP},
       {"disable-access-log", CM_OPT_BOOL, &no_access_log, NULL, FE_MAIN_ACCESS_LOG_HELP},
+      {"enable-request-id-headers", CM_OPT_BOOL, &id_headers, NULL, FE_MAIN_ID_HEADERS_HELP},
       {"disable-uvicorn-access-log", CM_OPT_BOOL, &no_access_log, NULL, "the same (vLLM's name)"},
       {"generation-config", CM_OPT_STR, &gen_config, "auto|vllm|DIR", FE_MAIN_GEN_CONFIG_HELP},
       {"override-generation-config", CM_OPT_STR, &gen_override, "JSON", FE_MAIN_GEN_OVERRIDE_HELP},
@@ -365,6 +367,7 @@ int fe_frontend_main(int argc, char **argv) {
                                  (const char *const *)names.v + (names.n > 0),
                                  names.n > 1 ? names.n - 1 : 0};
   rcfg.responses_store = store_size;
+  rcfg.request_id_headers = id_headers;
   rcfg.lora_names = lora_names;
   rcfg.lora_paths = lora_paths;
   rcfg.n_loras = n_loras;

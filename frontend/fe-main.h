@@ -49,6 +49,9 @@ int fe_main_cors_check(const char *origins, const char *methods, const char *hea
 /* --api-key's keys and those of --api-key-file, as the frontend's router takes them. */
 int fe_main_read_keys(const char *keys, const char *path, char **out);
 
+#define FE_MAIN_ID_HEADERS_HELP                                                                    \
+  "answers carry X-Request-Id: the client's, or one made (vLLM's flag); either way the answer's "  \
+  "id is made of it"
 #define FE_MAIN_ACCESS_LOG_HELP                                                                    \
   "no log line per request answered (by default one, as uvicorn's access log: client, method, "    \
   "path, status, seconds, body bytes; /health, /ping and /metrics at debug level)"

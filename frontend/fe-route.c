@@ -10,6 +10,7 @@
 #include "common/cm-hex.h"
 #include "common/cm-time.h"
 #include "frontend/fe-api-error.h"
+#include "frontend/fe-api-resp.h"
 #include "frontend/fe-cors.h"
 #include "frontend/fe-http-buf.h"
 #include "frontend/fe-rstore.h"
@@ -185,9 +186,48 @@ static struct fe_api_config api_config(struct fe_router *r) {
   return acfg;
 }
 
+/* The request's X-Request-Id into req->client_id (with --enable-request-id-headers
+ * one made when it has none, and the answer's header): 0, or -1 after a 400. */
+static int request_id(struct fe_router *r, struct fe_conn *c, struct fe_api_request *req) {
+  const struct fe_http_header *h = r->cur ? fe_http_find_header(r->cur, "x-request-id") : NULL;
+  char made[48];
+  const char *v = h ? h->value : NULL;
+  size_t n = h ? h->value_len : 0;
+  int bad = h && (n == 0 || n > FE_API_MAX_REQUEST_ID);
+  for (size_t i = 0; h && i < n; i++)
+    bad |= v[i] <= 32 || v[i] >= 127 || v[i] == '"' || v[i] == '\\';
+  if (bad) {
+    reply_error(r, c, 400,
+                "X-Request-Id must be 1 to 128 visible ASCII characters, without quotes or "
+                "backslashes",
+                NULL);
+    return -1;
+  }
+  if (!h && r->cfg.request_id_headers) {
+    fe_api_make_id(made, sizeof(made), "");
+    v = made;
+    n = strlen(made);
+  }
+  if (!v) return 0;
+  if (!(req->client_id = cm_arena_strndup(&req->arena, v, n))) {
+    reply_error(r, c, 500, "out of memory", NULL);
+    return -1;
+  }
+  if (r->cfg.request_id_headers) {
+    char line[FE_API_MAX_REQUEST_ID + 20];
+    snprintf(line, sizeof(line), "X-Request-Id: %s\r\n", req->client_id);
+    fe_conn_add_headers(c, line);
+  }
+  return 0;
+}
+
 /* Hands a parsed request to the engine, which answers it (or answers why not). */
 static void submit(struct fe_router *r, struct fe_conn *c, struct fe_api_request req) {
   const char *why = NULL;
+  if (request_id(r, c, &req)) {
+    fe_api_request_free(&req);
+    return;
+  }
   if (r->hooks.submit) {
     fe_metrics_inc(r->metrics, r->ids.http_requests, 1); /* the engine answers it */
     struct fe_api_request *owned = malloc(sizeof(*owned));

@@ -696,6 +696,13 @@ int fe_conn_stream_end(struct fe_conn *c) {
   return rc;
 }
 
+int fe_conn_add_headers(struct fe_conn *c, const char *lines) {
+  size_t have = strlen(c->answer_hdrs), n = strlen(lines);
+  if (have + n >= sizeof(c->answer_hdrs)) return CM_ERR_TOOBIG;
+  memcpy(c->answer_hdrs + have, lines, n + 1);
+  return 0;
+}
+
 void fe_conn_set_anthropic(struct fe_conn *c) {
   c->anthropic = 1;
 }

@@ -113,6 +113,8 @@ int fe_conn_stream_end(struct fe_conn *c);
  * bytes. */
 #define FE_CONN_HEADERS_MAX 1024
 int fe_conn_set_headers(struct fe_conn *c, const char *lines);
+/* The same, after those already set. */
+int fe_conn_add_headers(struct fe_conn *c, const char *lines);
 
 /* The request in hand is Anthropic's Messages API's: its errors carry that API's
  * envelope (fe_api_anthropic_error_body). For that request only. */

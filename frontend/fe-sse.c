@@ -23,7 +23,7 @@ static int send_event(struct fe_sse_stream *s) {
 }
 
 int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api_request *r,
-                 const char *id_prefix, int64_t created) {
+                 const char *id, int64_t created) {
   memset(s, 0, sizeof(*s));
   s->conn = c;
   s->kind = r->kind;
@@ -32,7 +32,7 @@ int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api
   s->continuous_usage = r->continuous_usage;
   s->audio = r->audio_api != 0;
   fe_buf_init(&s->whole, 0);
-  fe_api_make_id(s->id, sizeof(s->id), id_prefix);
+  snprintf(s->id, sizeof(s->id), "%s", id);
   s->meta.id = s->id;
   s->meta.created = created;
   s->meta.model = r->model;

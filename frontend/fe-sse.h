@@ -29,7 +29,7 @@ struct fe_sse_stream {
   struct fe_conn *conn;
   enum fe_api_kind kind; /* FE_API_COMPLETION or FE_API_CHAT */
   struct fe_api_resp_meta meta;
-  char id[64];
+  char id[160];
   int n; /* choices */
   int include_usage;
   int continuous_usage;            /* stream_options.continuous_usage_stats: usage in every chunk */
@@ -51,9 +51,10 @@ struct fe_sse_stream {
   struct fe_buf buf;               /* reused for every chunk */
 };
 
-/* Starts the stream (200, text/event-stream) for request `r`. */
+/* Starts the stream (200, text/event-stream) for request `r`, whose answer's id is
+ * `id`. */
 int fe_sse_begin(struct fe_sse_stream *s, struct fe_conn *c, const struct fe_api_request *r,
-                 const char *id_prefix, int64_t created);
+                 const char *id, int64_t created);
 /* Sends one choice's new text (and its logprobs); finish_reason set on the
  * choice's last chunk. */
 int fe_sse_send(struct fe_sse_stream *s, const struct fe_api_choice *choice);

@@ -75,6 +75,7 @@ struct tl_serve {
   int prompt_details;                      /* the frontend's --enable-prompt-tokens-details */
   int trust_template;                      /* the frontend's --trust-request-chat-template */
   int no_access_log;                       /* the frontend's --disable-access-log */
+  int id_headers;                          /* the frontend's --enable-request-id-headers */
   const char *ssl_key, *ssl_cert, *ssl_ca; /* the frontend's HTTPS (--ssl-*) */
   char ssl_abs[3][PATH_MAX];               /* their absolute paths, which those point to */
   int64_t dp; /* model replicas, each a scheduler and its worker group */

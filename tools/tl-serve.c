@@ -314,6 +314,7 @@ static int start_frontend(struct tl_serve *s) {
   if (s->prompt_details) argv_add(&f, "--enable-prompt-tokens-details");
   if (s->trust_template) argv_add(&f, "--trust-request-chat-template");
   if (s->no_access_log) argv_add(&f, "--disable-access-log");
+  if (s->id_headers) argv_add(&f, "--enable-request-id-headers");
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
   argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
   argv_add_str(&f, "--responses-store-size", s->responses_store);
@@ -412,6 +413,7 @@ int tl_serve_main(int argc, char **argv) {
       {"trust-request-chat-template", CM_OPT_BOOL, &s.trust_template, NULL,
        FE_MAIN_TRUST_TEMPLATE_HELP},
       {"disable-access-log", CM_OPT_BOOL, &s.no_access_log, NULL, FE_MAIN_ACCESS_LOG_HELP},
+      {"enable-request-id-headers", CM_OPT_BOOL, &s.id_headers, NULL, FE_MAIN_ID_HEADERS_HELP},
       {"disable-uvicorn-access-log", CM_OPT_BOOL, &s.no_access_log, NULL, "the same (vLLM's name)"},
       {"generation-config", CM_OPT_STR, &s.gen_config, "auto|vllm|DIR", FE_MAIN_GEN_CONFIG_HELP},
       {"override-generation-config", CM_OPT_STR, &s.gen_override, "JSON",

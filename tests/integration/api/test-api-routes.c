@@ -449,6 +449,59 @@ TH_TEST(api_access_log) {
   th_fail(__FILE__, __LINE__, "no access log lines in %s", server()->log);
 }
 
+/* X-Request-Id names the answer, as vLLM takes it: "cmpl-ID", a stream's every chunk
+ * "chatcmpl-ID"; one that could break a log line is a 400. With
+ * --enable-request-id-headers the answers carry it, or one made, which then names
+ * the answer. */
+TH_TEST(api_request_id) {
+  struct as_resp r;
+  as_request(server(), "POST", "/v1/completions", "X-Request-Id: job-7.a:b\r\n",
+             "{\"prompt\":\"hi\",\"max_tokens\":2}", &r);
+  TH_CHECK_EQ_INT(r.status, 200);
+  json_t *j = as_json(&r);
+  TH_CHECK_EQ_STR(or_empty(json_string_value(json_object_get(j, "id"))), "cmpl-job-7.a:b");
+  json_decref(j);
+  char hv[160];
+  TH_CHECK(!as_header(&r, "X-Request-Id", hv, sizeof(hv))); /* (not asked for) */
+  as_resp_free(&r);
+  as_request(server(), "POST", "/v1/chat/completions", "X-Request-Id: s1\r\n",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3,"
+             "\"stream\":true}",
+             &r);
+  TH_CHECK_EQ_INT(r.status, 200);
+  int chunks = 0;
+  for (const char *p = strstr(r.body, "data: {"); p; p = strstr(p + 1, "data: {"), chunks++)
+    TH_CHECK(!strncmp(p, "data: {\"id\":\"chatcmpl-s1\",", 26));
+  TH_CHECK(chunks >= 2);
+  as_resp_free(&r);
+  static const char *const bad[] = {"X-Request-Id: a\"b\r\n", "X-Request-Id: \r\n",
+                                    "X-Request-Id: a\\b\r\n"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    as_request(server(), "POST", "/v1/completions", bad[i], "{\"prompt\":\"hi\",\"max_tokens\":2}",
+               &r);
+    TH_CHECK_EQ_INT(r.status, 400);
+    as_resp_free(&r);
+  }
+  struct as_server h = {0};
+  as_start(&h, 0, (char *[]){"--enable-request-id-headers", NULL});
+  as_request(&h, "POST", "/v1/completions", "X-Request-Id: mine\r\n",
+             "{\"prompt\":\"hi\",\"max_tokens\":2}", &r);
+  TH_CHECK(as_header(&r, "X-Request-Id", hv, sizeof(hv)) && !strcmp(hv, "mine"));
+  as_resp_free(&r);
+  as_post(&h, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", &r);
+  TH_CHECK(as_header(&r, "X-Request-Id", hv, sizeof(hv)) && strlen(hv) == 32);
+  j = as_json(&r);
+  char want[64];
+  snprintf(want, sizeof(want), "cmpl-%s", hv);
+  TH_CHECK_EQ_STR(or_empty(json_string_value(json_object_get(j, "id"))), want);
+  json_decref(j);
+  as_resp_free(&r);
+  as_request(&h, "POST", "/v1/completions", "X-Request-Id: a b\r\n", "{\"prompt\":\"hi\"}", &r);
+  TH_CHECK_EQ_INT(r.status, 400);
+  as_resp_free(&r);
+  as_stop(&h);
+}
+
 /* --disable-access-log (and vLLM's --disable-uvicorn-access-log): no such lines */
 TH_TEST(api_access_log_off) {
   for (int k = 0; k < 2; k++) {
