@@ -857,7 +857,9 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
                        : req->anthropic           ? "msg_"
                        : req->kind == FE_API_CHAT ? "chatcmpl-"
                                                   : "cmpl-";
-  if (req->client_id) /* the client's X-Request-Id, as vLLM names its answer */
+  /* the client's X-Request-Id, as vLLM names its answer; not a stored response's,
+   * whose id must be one no other client can choose */
+  if (req->client_id && !req->responses)
     snprintf(r->id, sizeof(r->id), "%s%s", prefix, req->client_id);
   else
     fe_api_make_id(r->id, sizeof(r->id), prefix);

@@ -164,6 +164,18 @@ int fe_main_read_keys(const char *keys, const char *path, char **out) {
     return -1;
   }
   buf[n] = 0;
+  int any = 0; /* a key in the file (a line neither blank nor a comment) */
+  for (const char *l = buf + (kl ? kl + 1 : 0); *l && !any;) {
+    const char *p = l + strspn(l, " \t,");
+    any = *p && *p != '#' && *p != '\r' && *p != '\n';
+    l += strcspn(l, "\n");
+    l += *l == '\n';
+  }
+  if (!any) {
+    fprintf(stderr, "lmserve: --api-key-file %s holds no key\n", path);
+    free(buf);
+    return -1;
+  }
   *out = buf;
   return 0;
 }

@@ -195,11 +195,13 @@ static int request_id(struct fe_router *r, struct fe_conn *c, struct fe_api_requ
   size_t n = h ? h->value_len : 0;
   int bad = h && (n == 0 || n > FE_API_MAX_REQUEST_ID);
   for (size_t i = 0; h && i < n; i++)
-    bad |= v[i] <= 32 || v[i] >= 127 || v[i] == '"' || v[i] == '\\';
+    bad |=
+        !((v[i] >= 'a' && v[i] <= 'z') || (v[i] >= 'A' && v[i] <= 'Z') ||
+          (v[i] >= '0' && v[i] <= '9') || v[i] == '.' || v[i] == '_' || v[i] == ':' || v[i] == '-');
   if (bad) {
     reply_error(r, c, 400,
-                "X-Request-Id must be 1 to 128 visible ASCII characters, without quotes or "
-                "backslashes",
+                "X-Request-Id must be 1 to 128 characters of letters, digits, '.', '_', ':' "
+                "and '-'",
                 NULL);
     return -1;
   }
@@ -559,22 +561,31 @@ static int authorized(const struct fe_router *r, const struct fe_http_request *r
   return ok;
 }
 
-/* The keys of r->api_key (split in place): commas and line ends part them, the
- * spaces around each are not part of it. */
+/* The keys of r->api_key (split in place): lines, each a comma-separated list of
+ * keys unless it begins with '#' (a comment, whatever it holds); the spaces around
+ * a key are not part of it. */
 static int split_keys(struct fe_router *r) {
-  for (char *p = r->api_key; p && *p;) {
-    size_t n = strcspn(p, ",\r\n");
-    char *end = p + n, *next = *end ? end + 1 : end;
-    *end = 0;
-    while (*p == ' ' || *p == '\t')
-      p++;
-    for (char *q = end; q > p && (q[-1] == ' ' || q[-1] == '\t');)
-      *--q = 0;
-    if (*p && *p != '#') {
-      if (r->n_keys == MAX_KEYS) return CM_ERR_TOOBIG;
-      r->keys[r->n_keys++] = p;
+  for (char *line = r->api_key; line && *line;) {
+    size_t ln = strcspn(line, "\r\n");
+    char *next = line[ln] ? line + ln + 1 : line + ln;
+    line[ln] = 0;
+    char *p = line + strspn(line, " \t");
+    if (*p == '#') p += strlen(p);
+    while (*p) {
+      size_t n = strcspn(p, ",");
+      char *end = p + n, *after = *end ? end + 1 : end;
+      *end = 0;
+      while (*p == ' ' || *p == '\t')
+        p++;
+      for (char *q = end; q > p && (q[-1] == ' ' || q[-1] == '\t');)
+        *--q = 0;
+      if (*p) {
+        if (r->n_keys == MAX_KEYS) return CM_ERR_TOOBIG;
+        r->keys[r->n_keys++] = p;
+      }
+      p = after;
     }
-    p = next;
+    line = next;
   }
   return 0;
 }

@@ -309,6 +309,8 @@ static void error_close(struct fe_conn *c, int status, const char *msg) {
   set_timer(c, TM_NONE);
   if (write_head(c, status, "application/json", NULL, (int64_t)b->len) == 0)
     queue(c, b->data, b->len);
+  if (c->srv->access_log) /* (no request the handler saw: its line is not known here) */
+    cm_info(TAG, "%s \"-\" %d 0.000 s %zu bytes", c->peer, status, b->len);
   flush(c);
 }
 
@@ -388,7 +390,7 @@ static void access_what(struct fe_conn *c) {
 static void access_line(struct fe_conn *c) {
   if (!c->srv->access_log) return;
   double s = (double)(cm_time_ns() - c->t0_ns) / 1e9;
-  int status = c->closed && !c->status ? 499 : c->status; /* (nginx's: the client left) */
+  int status = c->status ? c->status : 499;
   cm_log(c->quiet ? CM_LOG_DEBUG : CM_LOG_INFO, TAG, "%s \"%s\" %d %.3f s %llu bytes", c->peer,
          c->what, status, s, (unsigned long long)c->bytes);
 }
@@ -629,8 +631,8 @@ int fe_conn_respond(struct fe_conn *c, int status, const char *content_type,
                     const char *extra_headers, const char *body, size_t len) {
   CM_ASSERT(c->busy && !c->streaming);
   int rc = CM_ERR_CLOSED;
-  c->status = status;
-  c->bytes = c->head_only ? 0 : len;
+  c->status = c->closed ? 499 : status; /* (nginx's: the client left before the answer) */
+  c->bytes = c->closed || c->head_only ? 0 : len;
   if (!c->closed) {
     if (c->srv->draining) c->keep_alive = 0;
     rc = write_head(c, status, content_type, extra_headers, (int64_t)len);
@@ -659,7 +661,7 @@ int fe_conn_stream_begin(struct fe_conn *c, int status, const char *content_type
                          const char *extra_headers) {
   CM_ASSERT(c->busy && !c->streaming);
   c->streaming = 1;
-  c->status = status;
+  c->status = c->closed ? 499 : status;
   if (c->closed) return CM_ERR_CLOSED;
   c->chunked_out = c->minor == 1;
   if (!c->chunked_out || c->srv->draining) c->keep_alive = 0;

@@ -19,8 +19,8 @@
  * at the end. At most --max-concurrency requests are in flight.
  *
  * Exit status: 0 once every line has its result (some may be errors), 1 when the
- * input cannot be read, the output written or the server reached, 2 for a usage
- * mistake. */
+ * input cannot be read, the output written or the server started, or when the
+ * server answered none of the requests sent, 2 for a usage mistake. */
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -31,7 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,6 +55,8 @@ struct rb_line {
 struct rb_state {
   struct tl_url u;
   const char *api_key;
+  double timeout_s; /* a request unanswered this long is given up */
+  long lost;        /* requests sent that got no answer */
   struct rb_line *lines;
   size_t n, next, done;
   long ok, refused;
@@ -79,6 +83,10 @@ static int post(const struct rb_state *st, const char *path, const char *body, c
   *out = NULL;
   int fd = tl_url_connect(&st->u);
   if (fd < 0) return 0;
+  struct timeval tv = {(time_t)st->timeout_s,
+                       (suseconds_t)((st->timeout_s - (double)(time_t)st->timeout_s) * 1e6)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   char head[1024], auth[600] = "";
   if (st->api_key) snprintf(auth, sizeof(auth), "Authorization: Bearer %s\r\n", st->api_key);
   size_t len = strlen(body);
@@ -87,9 +95,10 @@ static int post(const struct rb_state *st, const char *path, const char *body, c
            "Content-Length: %zu\r\nConnection: close\r\n\r\n",
            st->u.base_path, path, st->u.host, auth, len);
   struct tl_buf b = {0};
-  if (tl_write_all(fd, head, strlen(head)) == 0 && tl_write_all(fd, body, len) == 0)
-    while (tl_buf_read(&b, fd) > 0) {
-    }
+  if (tl_write_all(fd, head, strlen(head)) == 0) /* (an early answer, a 413, ends the write) */
+    tl_write_all(fd, body, len);
+  while (tl_buf_read(&b, fd) > 0) {
+  }
   close(fd);
   int status = tl_http_status(b.p);
   const char *at = b.p ? strstr(b.p, "\r\n\r\n") : NULL;
@@ -136,6 +145,7 @@ static char *run_line(struct rb_state *st, const struct rb_line *l) {
       snprintf(msg, sizeof(msg), "line %zu: %s", l->lineno,
                status ? "the server's answer is not JSON" : "the server did not answer");
       line = result_line(cid, NULL, "server_error", msg);
+      __atomic_add_fetch(&st->lost, 1, __ATOMIC_RELAXED);
     } else {
       char rid[48];
       const char *aid = json_string_value(json_object_get(ab, "id"));
@@ -151,6 +161,8 @@ static char *run_line(struct rb_state *st, const struct rb_line *l) {
   return line;
 }
 
+static const char no_line[] = "";
+
 static void *worker(void *arg) {
   struct rb_state *st = arg;
   for (;;) {
@@ -162,7 +174,7 @@ static void *worker(void *arg) {
     pthread_mutex_lock(&st->mu);
     free(st->lines[i].in);
     st->lines[i].in = NULL;
-    st->lines[i].out = out ? out : strdup("");
+    st->lines[i].out = out ? out : (char *)no_line; /* (out of memory: an empty line) */
     st->done++;
     pthread_cond_signal(&st->cv);
     pthread_mutex_unlock(&st->mu);
@@ -229,8 +241,13 @@ static pid_t start_serve(char **args, int n_args, int port) {
   argv[a++] = "--port";
   argv[a++] = portbuf;
   argv[a] = NULL;
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM); /* serve goes when run-batch does, however it ends */
+    if (getppid() != parent) _exit(127);
+    signal(SIGPIPE, SIG_DFL);
+    unsetenv("LMSERVE_API_KEY");        /* run-batch sends no key to the serve it started */
     dup2(STDERR_FILENO, STDOUT_FILENO); /* serve's words go to stderr: stdout may be the output */
     execv(self, argv);
     _exit(127);
@@ -240,18 +257,19 @@ static pid_t start_serve(char **args, int n_args, int port) {
 }
 
 /* Waits until GET /health answers 200 (0), serve ends or the time runs out (-1). */
-static int wait_ready(const struct tl_url *u, pid_t pid, double timeout_s) {
+static int wait_ready(const struct tl_url *u, pid_t *pid, double timeout_s) {
   double t0 = (double)cm_time_ns() / 1e9;
   for (;;) {
+    int ws; /* (serve first: a server that took the port it could not bind is not it) */
+    if (waitpid(*pid, &ws, WNOHANG) == *pid) {
+      *pid = -1; /* (reaped: its number may be another process's by now) */
+      fprintf(stderr, PROG ": lmserve serve ended before it was ready\n");
+      return -1;
+    }
     char *r = tl_http_get(u, "/health", NULL);
     int status = tl_http_status(r);
     free(r);
     if (status == 200) return 0;
-    int ws;
-    if (waitpid(pid, &ws, WNOHANG) == pid) {
-      fprintf(stderr, PROG ": lmserve serve ended before it was ready\n");
-      return -1;
-    }
     if ((double)cm_time_ns() / 1e9 - t0 > timeout_s) {
       fprintf(stderr, PROG ": lmserve serve was not ready after %.0f s\n", timeout_s);
       return -1;
@@ -262,12 +280,11 @@ static int wait_ready(const struct tl_url *u, pid_t pid, double timeout_s) {
 
 /* run-batch's own flags, taking their values: 1 when argv[i] is one (*i moved past
  * its value), 0 when it is serve's, -1 for a flag without its value. */
-static int own_flag(int argc, char **argv, int *i, const char **in, const char **out,
-                    const char **url, const char **key, const char **conc, const char **ready) {
+static int own_flag(int argc, char **argv, int *i, const char **dst[]) {
   static const char *const names[][2] = {
-      {"-i", "--input-file"}, {"-o", "--output-file"},     {NULL, "--url"},
-      {NULL, "--api-key"},    {NULL, "--max-concurrency"}, {NULL, "--ready-timeout"}};
-  const char **dst[] = {in, out, url, key, conc, ready};
+      {"-i", "--input-file"},     {"-o", "--output-file"},     {NULL, "--url"},
+      {NULL, "--api-key"},        {NULL, "--max-concurrency"}, {NULL, "--ready-timeout"},
+      {NULL, "--request-timeout"}};
   const char *a = argv[*i];
   for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
     size_t nl = strlen(names[k][1]);
@@ -295,11 +312,14 @@ static void usage(FILE *f) {
              "                          `lmserve serve` is started with the other options\n"
              "  --api-key KEY           the running server's key (with --url)\n"
              "  --max-concurrency N     requests in flight at most (64)\n"
-             "  --ready-timeout S       seconds to wait for the started server (1800)\n");
+             "  --ready-timeout S       seconds to wait for the started server (1800)\n"
+             "  --request-timeout S     seconds a request may take before it is given up (3600)\n");
 }
 
 int tl_run_batch_main(int argc, char **argv) {
-  const char *in = NULL, *out = NULL, *url = NULL, *key = NULL, *conc_s = "64", *ready_s = "1800";
+  const char *in = NULL, *out = NULL, *url = NULL, *key = NULL, *conc_s = "64", *ready_s = "1800",
+             *timeout_s = "3600";
+  const char **dst[] = {&in, &out, &url, &key, &conc_s, &ready_s, &timeout_s};
   char **serve_args = calloc((size_t)argc + 1, sizeof(char *));
   int n_serve = 0;
   if (!serve_args) return 1;
@@ -309,7 +329,7 @@ int tl_run_batch_main(int argc, char **argv) {
       free(serve_args);
       return 0;
     }
-    int r = own_flag(argc, argv, &i, &in, &out, &url, &key, &conc_s, &ready_s);
+    int r = own_flag(argc, argv, &i, dst);
     if (r < 0) {
       fprintf(stderr, PROG ": %s needs a value\n", argv[i]);
       free(serve_args);
@@ -317,23 +337,32 @@ int tl_run_batch_main(int argc, char **argv) {
     }
     if (!r) serve_args[n_serve++] = argv[i];
   }
-  char *e1 = NULL, *e2 = NULL;
+  char *e1 = NULL, *e2 = NULL, *e3 = NULL;
   long conc = strtol(conc_s, &e1, 10);
-  double ready = strtod(ready_s, &e2);
+  double ready = strtod(ready_s, &e2), req_timeout = strtod(timeout_s, &e3);
   if (*e1) conc = 0;
   if (*e2) ready = 0;
+  if (*e3) req_timeout = 0;
   const char *why = !in                       ? "-i FILE (the requests) is required"
                     : !out                    ? "-o FILE (the results) is required"
                     : conc < 1 || conc > 4096 ? "--max-concurrency must be 1 to 4096"
                     : !(ready > 0)            ? "--ready-timeout must be a positive number"
-                    : url && n_serve          ? "with --url, serve's options have no use"
-                    : !url && key             ? "--api-key is for --url's server"
-                    : !url && !n_serve        ? "give --url, or serve's options (--model DIR)"
-                                              : NULL;
-  for (int i = 0; !why && i < n_serve; i++)
-    if (!strcmp(serve_args[i], "--port") || !strncmp(serve_args[i], "--port=", 7) ||
-        !strcmp(serve_args[i], "--host") || !strncmp(serve_args[i], "--host=", 7))
+                    : !(req_timeout > 0 && req_timeout < 1e7)
+                        ? "--request-timeout must be a positive number of seconds"
+                    : url && n_serve   ? "with --url, serve's options have no use"
+                    : !url && key      ? "--api-key is for --url's server"
+                    : !url && !n_serve ? "give --url, or serve's options (--model DIR)"
+                                       : NULL;
+  for (int i = 0; !why && i < n_serve; i++) {
+    const char *a = serve_args[i];
+    if (!strcmp(a, "--port") || !strncmp(a, "--port=", 7) || !strcmp(a, "--host") ||
+        !strncmp(a, "--host=", 7))
       why = "--host and --port are run-batch's own choice (127.0.0.1, a free port)";
+    else if (!strcmp(a, "--api-key-file") || !strncmp(a, "--api-key-file=", 15))
+      why = "the serve run-batch starts takes no key (it listens on 127.0.0.1 only)";
+    else if (!strcmp(a, "--"))
+      why = "serve's options follow run-batch's own without a '--'";
+  }
   if (why) {
     fprintf(stderr, PROG ": %s\n", why);
     usage(stderr);
@@ -342,7 +371,7 @@ int tl_run_batch_main(int argc, char **argv) {
   }
   signal(SIGPIPE, SIG_IGN);
 
-  struct rb_state st = {.api_key = key};
+  struct rb_state st = {.api_key = key, .timeout_s = req_timeout};
   pthread_mutex_init(&st.mu, NULL);
   pthread_cond_init(&st.cv, NULL);
   FILE *fi = strcmp(in, "-") ? fopen(in, "r") : stdin;
@@ -353,7 +382,7 @@ int tl_run_batch_main(int argc, char **argv) {
   }
   int rc = read_input(fi, in, &st);
   if (fi != stdin) fclose(fi);
-  FILE *fo = rc ? NULL : strcmp(out, "-") ? fopen(out, "w") : stdout;
+  FILE *fo = rc ? NULL : strcmp(out, "-") ? fopen(out, "we") : stdout;
   if (!rc && !fo) {
     fprintf(stderr, PROG ": %s: %s\n", out, strerror(errno));
     rc = -1;
@@ -375,7 +404,7 @@ int tl_run_batch_main(int argc, char **argv) {
     fprintf(stderr, PROG ": --url must look like http://HOST:PORT, got '%s'\n", url);
     rc = -1;
   }
-  if (!rc && pid > 0) rc = wait_ready(&st.u, pid, ready);
+  if (!rc && pid > 0) rc = wait_ready(&st.u, &pid, ready);
 
   double t0 = (double)cm_time_ns() / 1e9;
   int n_threads = rc ? 0 : (int)(conc < (long)st.n ? conc : (long)st.n);
@@ -395,7 +424,7 @@ int tl_run_batch_main(int argc, char **argv) {
       pthread_cond_wait(&st.cv, &st.mu);
     pthread_mutex_unlock(&st.mu);
     if (!write_failed && (fputs(st.lines[w].out, fo) < 0 || fputc('\n', fo) < 0)) write_failed = 1;
-    free(st.lines[w].out);
+    if (st.lines[w].out != no_line) free(st.lines[w].out);
     st.lines[w].out = NULL;
   }
   for (int i = 0; i < started; i++)
@@ -412,6 +441,10 @@ int tl_run_batch_main(int argc, char **argv) {
                  "not sent or not answered\n",
             st.n, (double)cm_time_ns() / 1e9 - t0, st.ok, st.refused,
             (long)st.n - st.ok - st.refused);
+  if (!rc && st.lost && !st.ok && !st.refused) { /* every request sent went unanswered */
+    fprintf(stderr, PROG ": the server answered none of the %ld requests sent\n", st.lost);
+    rc = -1;
+  }
   if (pid > 0) { /* serve drains and stops */
     kill(pid, SIGTERM);
     int ws;
@@ -420,7 +453,7 @@ int tl_run_batch_main(int argc, char **argv) {
   }
   for (size_t i = 0; i < st.n; i++) {
     free(st.lines[i].in);
-    free(st.lines[i].out);
+    if (st.lines[i].out != no_line) free(st.lines[i].out);
   }
   free(st.lines);
   free(serve_args);

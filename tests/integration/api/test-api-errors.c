@@ -96,7 +96,7 @@ TH_TEST(api_auth_several_keys) {
   snprintf(file, sizeof(file), "%s/keys.txt", s.dir);
   FILE *f = fopen(file, "w");
   TH_REQUIRE(f != NULL);
-  fputs("# rotated on Mondays\nk-three\n\n  k-four  \n", f);
+  fputs("# rotated on Mondays, k-old\nk-three\n\n  k-four  \n", f);
   fclose(f);
   struct as_server k = {.api_key = "k-one"};
   as_start(&k, 0, (char *[]){"--api-key", "k-one, k-two", "--api-key-file", file, NULL});
@@ -111,6 +111,7 @@ TH_TEST(api_auth_several_keys) {
       {"Authorization: Bearer k-one, k-two\r\n", 401},
       {"Authorization: Bearer k-five\r\n", 401},
       {"Authorization: Bearer # rotated on Mondays\r\n", 401},
+      {"Authorization: Bearer k-old\r\n", 401},
       {"X-Api-Key: \r\n", 401},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -129,6 +130,16 @@ TH_TEST(api_auth_several_keys) {
                       file, NULL);
   TH_CHECK(rc != 0);
   TH_CHECK(o.err && strstr(o.err, "none.txt") && strstr(o.err, "No such file"));
+  th_out_free(&o);
+  /* a file without a key (only comments) does not leave the API open */
+  f = fopen(file, "w");
+  TH_REQUIRE(f != NULL);
+  fputs("# none yet\n\n", f);
+  fclose(f);
+  rc = th_lmserve(&o, 120000, "serve", "--model", k.model, "--port", port, "--api-key-file", file,
+                  NULL);
+  TH_CHECK(rc != 0);
+  TH_CHECK(o.err && strstr(o.err, "holds no key"));
   th_out_free(&o);
 }
 

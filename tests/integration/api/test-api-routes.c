@@ -475,13 +475,23 @@ TH_TEST(api_request_id) {
   TH_CHECK(chunks >= 2);
   as_resp_free(&r);
   static const char *const bad[] = {"X-Request-Id: a\"b\r\n", "X-Request-Id: \r\n",
-                                    "X-Request-Id: a\\b\r\n"};
+                                    "X-Request-Id: a\\b\r\n", "X-Request-Id: a/b\r\n",
+                                    "X-Request-Id: a%20b\r\n"};
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     as_request(server(), "POST", "/v1/completions", bad[i], "{\"prompt\":\"hi\",\"max_tokens\":2}",
                &r);
     TH_CHECK_EQ_INT(r.status, 400);
     as_resp_free(&r);
   }
+  /* a stored response's id is never the client's: no client can overwrite another's */
+  as_request(server(), "POST", "/v1/responses", "X-Request-Id: job-7\r\n",
+             "{\"input\":\"hi\",\"max_output_tokens\":2}", &r);
+  TH_CHECK_EQ_INT(r.status, 200);
+  j = as_json(&r);
+  const char *rid = or_empty(json_string_value(json_object_get(j, "id")));
+  TH_CHECK(!strncmp(rid, "resp_", 5) && strcmp(rid, "resp_job-7"));
+  json_decref(j);
+  as_resp_free(&r);
   struct as_server h = {0};
   as_start(&h, 0, (char *[]){"--enable-request-id-headers", NULL});
   as_request(&h, "POST", "/v1/completions", "X-Request-Id: mine\r\n",

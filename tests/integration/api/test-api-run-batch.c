@@ -161,6 +161,17 @@ TH_TEST(run_batch_against_a_server_and_its_own) {
                              "--port", "9", NULL),
                   2);
   th_out_free(&o);
+  TH_CHECK_EQ_INT(th_lmserve(&o, 60000, "run-batch", "-i", in, "-o", out2, "--model", s.model,
+                             "--api-key-file", in, NULL),
+                  2);
+  th_out_free(&o);
+  /* nobody there: every request unanswered is an error line, and the run fails */
+  char nobody[64];
+  snprintf(nobody, sizeof(nobody), "http://127.0.0.1:%d", th_free_port());
+  TH_CHECK_EQ_INT(th_lmserve(&o, 60000, "run-batch", "-i", in, "-o", out2, "--url", nobody, NULL),
+                  1);
+  TH_CHECK(o.err && strstr(o.err, "answered none"));
+  th_out_free(&o);
   TH_CHECK_EQ_INT(
       th_lmserve(&o, 60000, "run-batch", "-i", "/nonexistent/x", "-o", out2, "--url", url, NULL),
       1);
