@@ -501,7 +501,7 @@ TH_TEST(api_request_id) {
   as_post(&h, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", &r);
   TH_CHECK(as_header(&r, "X-Request-Id", hv, sizeof(hv)) && strlen(hv) == 32);
   j = as_json(&r);
-  char want[64];
+  char want[192];
   snprintf(want, sizeof(want), "cmpl-%s", hv);
   TH_CHECK_EQ_STR(or_empty(json_string_value(json_object_get(j, "id"))), want);
   json_decref(j);
