@@ -9,59 +9,17 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "frontend/fe-api-conv.h"
 #include "frontend/fe-api.h"
 
 #define MAX_MESSAGES 4096 /* messages; the chat parse caps the rest */
 
 struct mctx {
-  struct fe_api_error *err;
-  json_t *msgs;  /* the chat messages being built */
-  char **origin; /* (cap) each chat message's origin, "messages[3]" (malloc'd) */
-  size_t cap;
-  json_t *parts;  /* a user turn's text and image parts not yet pushed */
-  json_t *images; /* each image block, "messages[2].content[1]", in the chat request's order */
+  struct fe_conv cv;  /* the chat messages, each with its origin ("messages[3]") */
+  json_t *parts;      /* a user turn's text and image parts not yet pushed */
+  json_t *images;     /* each image block, "messages[2].content[1]", in the chat request's order */
   const char *format; /* the field the response_format came from */
 };
-
-static int fail(struct fe_api_error *err, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(struct fe_api_error *err, const char *param, const char *fmt, ...) {
-  err->status = 400;
-  snprintf(err->param, sizeof(err->param), "%s", param ? param : "");
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err->message, sizeof(err->message), fmt, ap);
-  va_end(ap);
-  return CM_ERR_INVAL;
-}
-
-static int oom(struct fe_api_error *err) {
-  err->status = 413;
-  err->param[0] = 0;
-  snprintf(err->message, sizeof(err->message), "request too large to hold in memory");
-  return CM_ERR_NOMEM;
-}
-
-static int given(const json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  return v && !json_is_null(v);
-}
-
-/* Appends chat message m (taken) made from the request's `from`. */
-static int push(struct mctx *c, json_t *m, const char *from) {
-  size_t i = json_array_size(c->msgs);
-  if (!m || json_array_append_new(c->msgs, m)) return oom(c->err);
-  if (i >= c->cap) {
-    size_t cap = c->cap ? 2 * c->cap : 16;
-    char **o = realloc(c->origin, cap * sizeof(*o));
-    if (!o) return oom(c->err);
-    memset(o + c->cap, 0, (cap - c->cap) * sizeof(*o));
-    c->origin = o;
-    c->cap = cap;
-  }
-  if (!(c->origin[i] = strdup(from))) return oom(c->err);
-  return 0;
-}
 
 /* The user turn's pending parts, as one user message from `from`. */
 static int flush_user(struct mctx *c, const char *from) {
@@ -69,15 +27,15 @@ static int flush_user(struct mctx *c, const char *from) {
   json_t *parts = c->parts;
   if (!(c->parts = json_array())) {
     json_decref(parts);
-    return oom(c->err);
+    return fe_conv_oom(c->cv.err);
   }
-  return push(c, json_pack("{s:s, s:o}", "role", "user", "content", parts), from);
+  return fe_conv_push(&c->cv, json_pack("{s:s, s:o}", "role", "user", "content", parts), from);
 }
 
 /* Adds part x (taken) to the pending user turn; an image's block is `from`. */
 static int add_part(struct mctx *c, json_t *x, const char *from) {
-  if (!x || json_array_append_new(c->parts, x)) return oom(c->err);
-  if (from && json_array_append_new(c->images, json_string(from))) return oom(c->err);
+  if (!x || json_array_append_new(c->parts, x)) return fe_conv_oom(c->cv.err);
+  if (from && json_array_append_new(c->images, json_string(from))) return fe_conv_oom(c->cv.err);
   return 0;
 }
 
@@ -91,13 +49,13 @@ static json_t *image_part(struct mctx *c, json_t *blk, const char *pp) {
     const char *mt = json_string_value(json_object_get(src, "media_type"));
     json_t *data = json_object_get(src, "data");
     if (!mt || !json_is_string(data)) {
-      fail(c->err, sp, "'%s' needs a string 'media_type' and base64 'data'", sp);
+      fe_conv_fail(c->cv.err, sp, "'%s' needs a string 'media_type' and base64 'data'", sp);
       return NULL;
     }
     size_t ml = strlen(mt), dl = json_string_length(data);
     char *url = malloc(ml + dl + 16);
     if (!url) {
-      oom(c->err);
+      fe_conv_oom(c->cv.err);
       return NULL;
     }
     int n = snprintf(url, ml + 16, "data:%s;base64,", mt);
@@ -105,21 +63,22 @@ static json_t *image_part(struct mctx *c, json_t *blk, const char *pp) {
     json_t *p =
         json_pack("{s:s, s:{s:s%}}", "type", "image_url", "image_url", "url", url, (size_t)n + dl);
     free(url);
-    if (!p) oom(c->err);
+    if (!p) fe_conv_oom(c->cv.err);
     return p;
   }
   if (ty && !strcmp(ty, "url")) {
     json_t *url = json_object_get(src, "url");
     if (!json_is_string(url)) {
-      fail(c->err, sp, "'%s' needs a string 'url'", sp);
+      fe_conv_fail(c->cv.err, sp, "'%s' needs a string 'url'", sp);
       return NULL;
     }
     json_t *p = json_pack("{s:s, s:{s:O}}", "type", "image_url", "image_url", "url", url);
-    if (!p) oom(c->err);
+    if (!p) fe_conv_oom(c->cv.err);
     return p;
   }
-  fail(c->err, sp,
-       "'%s.type' must be base64 or url (files are not served here: send the image's bytes)", sp);
+  fe_conv_fail(
+      c->cv.err, sp,
+      "'%s.type' must be base64 or url (files are not served here: send the image's bytes)", sp);
   return NULL;
 }
 
@@ -132,7 +91,7 @@ static json_t *result_text(struct mctx *c, json_t *v, const char *pp) {
   char cp[160];
   snprintf(cp, sizeof(cp), "%s.content", pp);
   if (!json_is_array(v)) {
-    fail(c->err, cp, "'%s' must be a string or a list of text blocks", cp);
+    fe_conv_fail(c->cv.err, cp, "'%s' must be a string or a list of text blocks", cp);
     return NULL;
   }
   size_t total = 0, k;
@@ -147,15 +106,15 @@ static json_t *result_text(struct mctx *c, json_t *v, const char *pp) {
       continue;
     }
     if (!t || strcmp(t, "text") || !json_is_string(json_object_get(b, "text"))) {
-      fail(c->err, bp, "'%s' must be a text or an image block (type '%.40s')", bp,
-           t ? t : "missing");
+      fe_conv_fail(c->cv.err, bp, "'%s' must be a text or an image block (type '%.40s')", bp,
+                   t ? t : "missing");
       return NULL;
     }
     total += json_string_length(json_object_get(b, "text")) + 1;
   }
   char *s = malloc(total + 1);
   if (!s) {
-    oom(c->err);
+    fe_conv_oom(c->cv.err);
     return NULL;
   }
   size_t o = 0;
@@ -168,7 +127,7 @@ static json_t *result_text(struct mctx *c, json_t *v, const char *pp) {
   }
   json_t *r = json_stringn(s, o);
   free(s);
-  if (!r) oom(c->err);
+  if (!r) fe_conv_oom(c->cv.err);
   return r;
 }
 
@@ -178,22 +137,23 @@ static json_t *result_text(struct mctx *c, json_t *v, const char *pp) {
  * between them would part them). */
 static int user_message(struct mctx *c, json_t *content, const char *param) {
   if (json_is_string(content))
-    return push(c, json_pack("{s:s, s:O}", "role", "user", "content", content), param);
+    return fe_conv_push(&c->cv, json_pack("{s:s, s:O}", "role", "user", "content", content), param);
   size_t k;
   json_t *blk;
   json_array_foreach(content, k, blk) { /* the results */
     char pp[128], ip[160];
     snprintf(pp, sizeof(pp), "%s.content[%zu]", param, k);
     const char *t = json_string_value(json_object_get(blk, "type"));
-    if (!t) return fail(c->err, pp, "'%s' must be an object with a 'type'", pp);
+    if (!t) return fe_conv_fail(c->cv.err, pp, "'%s' must be an object with a 'type'", pp);
     if (strcmp(t, "tool_result")) continue;
     json_t *id = json_object_get(blk, "tool_use_id");
     snprintf(ip, sizeof(ip), "%s.tool_use_id", pp);
-    if (!json_is_string(id)) return fail(c->err, ip, "'%s' must be a string", ip);
+    if (!json_is_string(id)) return fe_conv_fail(c->cv.err, ip, "'%s' must be a string", ip);
     json_t *text = result_text(c, json_object_get(blk, "content"), pp);
     if (!text) return CM_ERR_INVAL;
-    int rc = push(
-        c, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", text), pp);
+    int rc = fe_conv_push(
+        &c->cv, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", text),
+        pp);
     if (rc) return rc;
   }
   json_array_foreach(content, k, blk) { /* the rest */
@@ -205,16 +165,18 @@ static int user_message(struct mctx *c, json_t *content, const char *param) {
       continue;
     } else if (!strcmp(t, "text")) {
       json_t *text = json_object_get(blk, "text");
-      if (!json_is_string(text)) return fail(c->err, pp, "'%s' needs a string 'text'", pp);
+      if (!json_is_string(text))
+        return fe_conv_fail(c->cv.err, pp, "'%s' needs a string 'text'", pp);
       rc = add_part(c, json_pack("{s:s, s:O}", "type", "text", "text", text), NULL);
     } else if (!strcmp(t, "image")) {
       json_t *x = image_part(c, blk, pp);
       rc = x ? add_part(c, x, pp) : CM_ERR_INVAL;
     } else {
-      rc = fail(c->err, pp,
-                "content block type '%.40s' is not supported in a user turn here (text, image, "
-                "tool_result)",
-                t);
+      rc = fe_conv_fail(
+          c->cv.err, pp,
+          "content block type '%.40s' is not supported in a user turn here (text, image, "
+          "tool_result)",
+          t);
     }
     if (rc) return rc;
   }
@@ -226,13 +188,14 @@ static int user_message(struct mctx *c, json_t *content, const char *param) {
  * thoughts. */
 static int assistant_message(struct mctx *c, json_t *content, const char *param) {
   if (json_is_string(content))
-    return push(c, json_pack("{s:s, s:O}", "role", "assistant", "content", content), param);
+    return fe_conv_push(&c->cv, json_pack("{s:s, s:O}", "role", "assistant", "content", content),
+                        param);
   json_t *calls = json_array();
   struct {
     char *s;
     size_t n;
   } text = {NULL, 0};
-  int rc = calls ? 0 : oom(c->err);
+  int rc = calls ? 0 : fe_conv_oom(c->cv.err);
   size_t k;
   json_t *blk;
   json_array_foreach(content, k, blk) {
@@ -241,17 +204,17 @@ static int assistant_message(struct mctx *c, json_t *content, const char *param)
     snprintf(pp, sizeof(pp), "%s.content[%zu]", param, k);
     const char *t = json_string_value(json_object_get(blk, "type"));
     if (!t) {
-      rc = fail(c->err, pp, "'%s' must be an object with a 'type'", pp);
+      rc = fe_conv_fail(c->cv.err, pp, "'%s' must be an object with a 'type'", pp);
     } else if (!strcmp(t, "text")) {
       json_t *tx = json_object_get(blk, "text");
       if (!json_is_string(tx)) {
-        rc = fail(c->err, pp, "'%s' needs a string 'text'", pp);
+        rc = fe_conv_fail(c->cv.err, pp, "'%s' needs a string 'text'", pp);
         break;
       }
       size_t n = json_string_length(tx);
       char *s = realloc(text.s, text.n + n + 1);
       if (!s) {
-        rc = oom(c->err);
+        rc = fe_conv_oom(c->cv.err);
         break;
       }
       memcpy(s + text.n, json_string_value(tx), n);
@@ -267,8 +230,8 @@ static int assistant_message(struct mctx *c, json_t *content, const char *param)
       if (miss) {
         char mp[160];
         snprintf(mp, sizeof(mp), "%s.%s", pp, miss);
-        rc = fail(c->err, mp, "'%s' must be %s", mp,
-                  strcmp(miss, "input") ? "a string" : "an object");
+        rc = fe_conv_fail(c->cv.err, mp, "'%s' must be %s", mp,
+                          strcmp(miss, "input") ? "a string" : "an object");
         break;
       }
       char *args = json_dumps(input, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -276,12 +239,13 @@ static int assistant_message(struct mctx *c, json_t *content, const char *param)
                                       "function", "name", name, "arguments", args)
                           : NULL;
       free(args);
-      if (!call || json_array_append_new(calls, call)) rc = oom(c->err);
+      if (!call || json_array_append_new(calls, call)) rc = fe_conv_oom(c->cv.err);
     } else if (strcmp(t, "thinking") && strcmp(t, "redacted_thinking")) {
-      rc = fail(c->err, pp,
-                "content block type '%.40s' is not supported in an assistant turn here (text, "
-                "tool_use, thinking)",
-                t);
+      rc = fe_conv_fail(
+          c->cv.err, pp,
+          "content block type '%.40s' is not supported in an assistant turn here (text, "
+          "tool_use, thinking)",
+          t);
     }
   }
   if (!rc) {
@@ -290,7 +254,7 @@ static int assistant_message(struct mctx *c, json_t *content, const char *param)
                   text.n || !json_array_size(calls) ? json_stringn(text.s ? text.s : "", text.n)
                                                     : json_null());
     if (m && json_array_size(calls)) json_object_set(m, "tool_calls", calls);
-    rc = push(c, m, param);
+    rc = fe_conv_push(&c->cv, m, param);
   }
   free(text.s);
   json_decref(calls);
@@ -302,9 +266,10 @@ static int assistant_message(struct mctx *c, json_t *content, const char *param)
 static int system_of(struct mctx *c, json_t *sys) {
   if (!sys || json_is_null(sys)) return 0;
   if (json_is_string(sys))
-    return push(c, json_pack("{s:s, s:O}", "role", "system", "content", sys), "system");
+    return fe_conv_push(&c->cv, json_pack("{s:s, s:O}", "role", "system", "content", sys),
+                        "system");
   if (!json_is_array(sys))
-    return fail(c->err, "system", "'system' must be a string or a list of text blocks");
+    return fe_conv_fail(c->cv.err, "system", "'system' must be a string or a list of text blocks");
   json_t *text = json_string(""), *blk;
   size_t k;
   json_array_foreach(sys, k, blk) {
@@ -314,47 +279,47 @@ static int system_of(struct mctx *c, json_t *sys) {
       char pp[64];
       snprintf(pp, sizeof(pp), "system[%zu]", k);
       json_decref(text);
-      return fail(c->err, pp, "'%s' must be a text block ({\"type\": \"text\", \"text\": ...})",
-                  pp);
+      return fe_conv_fail(c->cv.err, pp,
+                          "'%s' must be a text block ({\"type\": \"text\", \"text\": ...})", pp);
     }
     size_t a = json_string_length(text), b = json_string_length(tx);
     char *s = malloc(a + b + 1);
     if (!s) {
       json_decref(text);
-      return oom(c->err);
+      return fe_conv_oom(c->cv.err);
     }
     memcpy(s, json_string_value(text), a);
     memcpy(s + a, json_string_value(tx), b);
     json_t *nt = json_stringn(s, a + b);
     free(s);
     json_decref(text);
-    if (!(text = nt)) return oom(c->err);
+    if (!(text = nt)) return fe_conv_oom(c->cv.err);
   }
-  return push(c, json_pack("{s:s, s:o}", "role", "system", "content", text), "system");
+  return fe_conv_push(&c->cv, json_pack("{s:s, s:o}", "role", "system", "content", text), "system");
 }
 
 static int messages_of(struct mctx *c, json_t *msgs) {
   if (!json_is_array(msgs) || !json_array_size(msgs))
-    return fail(c->err, "messages", "'messages' must be a non-empty list");
+    return fe_conv_fail(c->cv.err, "messages", "'messages' must be a non-empty list");
   if (json_array_size(msgs) > MAX_MESSAGES)
-    return fail(c->err, "messages", "%zu messages; at most %d", json_array_size(msgs),
-                MAX_MESSAGES);
+    return fe_conv_fail(c->cv.err, "messages", "%zu messages; at most %d", json_array_size(msgs),
+                        MAX_MESSAGES);
   size_t i;
   json_t *m;
   json_array_foreach(msgs, i, m) {
     char param[32], pp[48];
     snprintf(param, sizeof(param), "messages[%zu]", i);
-    if (!json_is_object(m)) return fail(c->err, param, "'%s' must be an object", param);
+    if (!json_is_object(m)) return fe_conv_fail(c->cv.err, param, "'%s' must be an object", param);
     const char *role = json_string_value(json_object_get(m, "role"));
     snprintf(pp, sizeof(pp), "%s.role", param);
     if (!role || (strcmp(role, "user") && strcmp(role, "assistant")))
-      return fail(c->err, pp,
-                  "'%s' must be user or assistant (the system prompt is the top-level 'system')",
-                  pp);
+      return fe_conv_fail(
+          c->cv.err, pp,
+          "'%s' must be user or assistant (the system prompt is the top-level 'system')", pp);
     json_t *content = json_object_get(m, "content");
     snprintf(pp, sizeof(pp), "%s.content", param);
     if (!json_is_string(content) && !json_is_array(content))
-      return fail(c->err, pp, "'%s' must be a string or a list of content blocks", pp);
+      return fe_conv_fail(c->cv.err, pp, "'%s' must be a string or a list of content blocks", pp);
     int rc = strcmp(role, "user") ? assistant_message(c, content, param)
                                   : user_message(c, content, param);
     if (rc) return rc;
@@ -367,7 +332,7 @@ static int messages_of(struct mctx *c, json_t *msgs) {
 static int tools_of(struct fe_api_error *err, json_t *tools, json_t **out) {
   *out = NULL;
   if (!tools || json_is_null(tools)) return 0;
-  if (!json_is_array(tools)) return fail(err, "tools", "'tools' must be a list");
+  if (!json_is_array(tools)) return fe_conv_fail(err, "tools", "'tools' must be a list");
   json_t *a = json_array();
   size_t i;
   json_t *t;
@@ -376,15 +341,16 @@ static int tools_of(struct fe_api_error *err, json_t *tools, json_t **out) {
     snprintf(pp, sizeof(pp), "tools[%zu]", i);
     if (!json_is_object(t)) {
       json_decref(a);
-      return fail(err, pp, "'%s' must be an object (name, description, input_schema)", pp);
+      return fe_conv_fail(err, pp, "'%s' must be an object (name, description, input_schema)", pp);
     }
     const char *ty = json_string_value(json_object_get(t, "type"));
-    if (given(t, "type") && (!ty || strcmp(ty, "custom"))) {
+    if (fe_conv_given(t, "type") && (!ty || strcmp(ty, "custom"))) {
       json_decref(a);
-      return fail(err, pp,
-                  "'%s' is a '%.48s' tool: only custom tools (name, description, input_schema) "
-                  "are served here, not Anthropic's server or client tools",
-                  pp, ty ? ty : "?");
+      return fe_conv_fail(
+          err, pp,
+          "'%s' is a '%.48s' tool: only custom tools (name, description, input_schema) "
+          "are served here, not Anthropic's server or client tools",
+          pp, ty ? ty : "?");
     }
     static const char *const keys[][2] = {{"name", "name"},
                                           {"description", "description"},
@@ -400,7 +366,7 @@ static int tools_of(struct fe_api_error *err, json_t *tools, json_t **out) {
     if (!fn || !a ||
         json_array_append_new(a, json_pack("{s:s, s:o}", "type", "function", "function", fn))) {
       json_decref(a);
-      return oom(err);
+      return fe_conv_oom(err);
     }
   }
   *out = a;
@@ -416,14 +382,15 @@ static int tool_choice_of(struct fe_api_error *err, json_t *tc, json_t *req) {
          *dp = json_object_get(tc, "disable_parallel_tool_use");
   if (!json_is_object(tc) || !ty ||
       (strcmp(ty, "auto") && strcmp(ty, "any") && strcmp(ty, "tool") && strcmp(ty, "none")))
-    return fail(err, "tool_choice",
-                "'tool_choice' must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": "
-                "\"tool\", \"name\": ...} or {\"type\": \"none\"}");
+    return fe_conv_fail(
+        err, "tool_choice",
+        "'tool_choice' must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": "
+        "\"tool\", \"name\": ...} or {\"type\": \"none\"}");
   if (!strcmp(ty, "tool") && !json_is_string(name))
-    return fail(err, "tool_choice.name", "'tool_choice.name' must be a string");
+    return fe_conv_fail(err, "tool_choice.name", "'tool_choice.name' must be a string");
   if (dp && !json_is_boolean(dp))
-    return fail(err, "tool_choice.disable_parallel_tool_use",
-                "'tool_choice.disable_parallel_tool_use' must be a boolean");
+    return fe_conv_fail(err, "tool_choice.disable_parallel_tool_use",
+                        "'tool_choice.disable_parallel_tool_use' must be a boolean");
   json_t *v = !strcmp(ty, "tool")
                   ? json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name)
                   : json_string(!strcmp(ty, "any") ? "required" : ty);
@@ -438,18 +405,19 @@ static int thinking_of(struct fe_api_error *err, json_t *th, json_t *req) {
   if (!th || json_is_null(th)) return 0;
   const char *ty = json_string_value(json_object_get(th, "type"));
   if (!json_is_object(th) || !ty || (strcmp(ty, "enabled") && strcmp(ty, "disabled")))
-    return fail(err, "thinking",
-                "'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": "
-                "\"disabled\"}");
+    return fe_conv_fail(
+        err, "thinking",
+        "'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": "
+        "\"disabled\"}");
   json_t *bt = json_object_get(th, "budget_tokens");
   if (!strcmp(ty, "enabled") && (!json_is_integer(bt) || json_integer_value(bt) < 1024))
-    return fail(err, "thinking.budget_tokens",
-                "'thinking.budget_tokens' must be an integer of at least 1024");
+    return fe_conv_fail(err, "thinking.budget_tokens",
+                        "'thinking.budget_tokens' must be an integer of at least 1024");
   json_t *kw = json_object_get(req, "chat_template_kwargs");
   if (kw && !json_is_null(kw) && !json_is_object(kw))
-    return fail(err, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    return fe_conv_fail(err, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
   json_t *nk = json_is_object(kw) ? json_deep_copy(kw) : json_object();
-  if (!nk) return oom(err);
+  if (!nk) return fe_conv_oom(err);
   json_object_set_new(nk, "enable_thinking", json_boolean(!strcmp(ty, "enabled")));
   json_object_set_new(req, "chat_template_kwargs", nk);
   return 0;
@@ -458,15 +426,17 @@ static int thinking_of(struct fe_api_error *err, json_t *th, json_t *req) {
 /* output_format, or output_config.format (structured outputs): {"type":
  * "json_schema", "schema"} as chat's response_format. */
 static int format_of(struct mctx *c, json_t *f, json_t *req, const char *param) {
-  struct fe_api_error *err = c->err;
+  struct fe_api_error *err = c->cv.err;
   if (!f || json_is_null(f)) return 0;
   c->format = param;
   const char *ty = json_string_value(json_object_get(f, "type"));
   json_t *schema = json_object_get(f, "schema");
   if (json_object_get(req, "response_format"))
-    return fail(err, param, "'%s': give output_format or output_config.format, not both", param);
+    return fe_conv_fail(err, param, "'%s': give output_format or output_config.format, not both",
+                        param);
   if (!json_is_object(f) || !ty || strcmp(ty, "json_schema") || !json_is_object(schema))
-    return fail(err, param, "'%s' must be {\"type\": \"json_schema\", \"schema\": {...}}", param);
+    return fe_conv_fail(err, param, "'%s' must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                        param);
   json_object_set_new(req, "response_format",
                       json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema", "name",
                                 "output", "schema", schema));
@@ -487,37 +457,37 @@ static const char *const passed[] = {
 static int refused(struct fe_api_error *err, json_t *b) {
   static const char *const fields[] = {"container", "mcp_servers", "context_management"};
   for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
-    if (given(b, fields[i]))
-      return fail(err, fields[i], "'%s' is not supported by this server", fields[i]);
+    if (fe_conv_given(b, fields[i]))
+      return fe_conv_fail(err, fields[i], "'%s' is not supported by this server", fields[i]);
   json_t *md = json_object_get(b, "metadata");
-  if (given(b, "metadata") && !json_is_object(md))
-    return fail(err, "metadata", "'metadata' must be an object");
+  if (fe_conv_given(b, "metadata") && !json_is_object(md))
+    return fe_conv_fail(err, "metadata", "'metadata' must be an object");
   json_t *uid = json_object_get(md, "user_id");
   if (uid && !json_is_null(uid) && !json_is_string(uid))
-    return fail(err, "metadata.user_id", "'metadata.user_id' must be a string");
-  if (given(b, "service_tier") && !json_is_string(json_object_get(b, "service_tier")))
-    return fail(err, "service_tier", "'service_tier' must be a string");
+    return fe_conv_fail(err, "metadata.user_id", "'metadata.user_id' must be a string");
+  if (fe_conv_given(b, "service_tier") && !json_is_string(json_object_get(b, "service_tier")))
+    return fe_conv_fail(err, "service_tier", "'service_tier' must be a string");
   json_t *ss = json_object_get(b, "stop_sequences");
-  if (given(b, "stop_sequences") && !json_is_array(ss))
-    return fail(err, "stop_sequences", "'stop_sequences' must be a list of strings");
+  if (fe_conv_given(b, "stop_sequences") && !json_is_array(ss))
+    return fe_conv_fail(err, "stop_sequences", "'stop_sequences' must be a list of strings");
   return 0;
 }
 
 /* The chat request of body b (new). */
 static int to_chat(struct mctx *c, json_t *b, int count, json_t **out) {
-  int rc = refused(c->err, b);
+  int rc = refused(c->cv.err, b);
   if (rc) return rc;
   json_t *req = json_object();
-  c->msgs = json_array();
-  if (!req || !c->msgs || json_object_set_new(req, "messages", c->msgs)) {
+  c->cv.msgs = json_array();
+  if (!req || !c->cv.msgs || json_object_set_new(req, "messages", c->cv.msgs)) {
     json_decref(req);
-    return oom(c->err);
+    return fe_conv_oom(c->cv.err);
   }
   *out = req;
   if ((rc = system_of(c, json_object_get(b, "system")))) return rc;
   if ((rc = messages_of(c, json_object_get(b, "messages")))) return rc;
   if (!json_is_string(json_object_get(b, "model")))
-    return fail(c->err, "model", "'model' (a string) is required");
+    return fe_conv_fail(c->cv.err, "model", "'model' (a string) is required");
   json_object_set(req, "model", json_object_get(b, "model"));
   for (size_t k = 0; !count && k < sizeof(passed) / sizeof(passed[0]); k++) {
     json_t *v = json_object_get(b, passed[k]);
@@ -527,28 +497,30 @@ static int to_chat(struct mctx *c, json_t *b, int count, json_t **out) {
     json_object_set(req, "chat_template_kwargs", json_object_get(b, "chat_template_kwargs"));
   if (!count) {
     json_t *mt = json_object_get(b, "max_tokens");
-    if (!mt || json_is_null(mt)) return fail(c->err, "max_tokens", "'max_tokens' is required");
+    if (!mt || json_is_null(mt))
+      return fe_conv_fail(c->cv.err, "max_tokens", "'max_tokens' is required");
     json_object_set(req, "max_tokens", mt);
     json_t *ss = json_object_get(b, "stop_sequences");
     if (json_array_size(ss)) json_object_set(req, "stop", ss);
   }
   json_t *x;
-  if ((rc = tools_of(c->err, json_object_get(b, "tools"), &x))) return rc;
+  if ((rc = tools_of(c->cv.err, json_object_get(b, "tools"), &x))) return rc;
   if (x) json_object_set_new(req, "tools", x);
-  if ((rc = tool_choice_of(c->err, json_object_get(b, "tool_choice"), req))) return rc;
-  if ((rc = thinking_of(c->err, json_object_get(b, "thinking"), req))) return rc;
+  if ((rc = tool_choice_of(c->cv.err, json_object_get(b, "tool_choice"), req))) return rc;
+  if ((rc = thinking_of(c->cv.err, json_object_get(b, "thinking"), req))) return rc;
   if (!count && (rc = format_of(c, json_object_get(b, "output_format"), req, "output_format")))
     return rc;
   json_t *oc = json_object_get(b, "output_config");
-  if (given(b, "output_config")) {
+  if (fe_conv_given(b, "output_config")) {
     const char *key;
     json_t *v;
     if (!json_is_object(oc))
-      return fail(c->err, "output_config", "'output_config' must be an object");
+      return fe_conv_fail(c->cv.err, "output_config", "'output_config' must be an object");
     json_object_foreach(oc, key, v) {
       if (strcmp(key, "format"))
-        return fail(c->err, "output_config",
-                    "'output_config.%.40s' is not supported by this server (format is)", key);
+        return fe_conv_fail(c->cv.err, "output_config",
+                            "'output_config.%.40s' is not supported by this server (format is)",
+                            key);
     }
     if (!count && (rc = format_of(c, json_object_get(oc, "format"), req, "output_config.format")))
       return rc;
@@ -561,10 +533,10 @@ static int to_chat(struct mctx *c, json_t *b, int count, json_t **out) {
  * field it came from, a tool's function.parameters as its input_schema. */
 static void rename_param(const struct mctx *c, char *param, size_t cap) {
   char out[sizeof(((struct fe_api_error *)0)->param)];
-  size_t i, n = json_array_size(c->msgs);
+  size_t i, n = json_array_size(c->cv.msgs);
   int k = 0;
   if (sscanf(param, "messages[%zu]%n", &i, &k) == 1 && k > 0 && i < n)
-    snprintf(out, sizeof(out), "%s%s", c->origin[i],
+    snprintf(out, sizeof(out), "%s%s", c->cv.origin[i],
              !strcmp(param + k, ".tool_call_id") ? ".tool_use_id" : param + k);
   else if (!strcmp(param, "stop"))
     snprintf(out, sizeof(out), "stop_sequences");
@@ -612,23 +584,16 @@ int fe_api_parse_messages(int count, const char *body, size_t len, const struct 
   memset(out, 0, sizeof(*out));
   memset(err, 0, sizeof(*err));
   enum fe_api_kind kind = count ? FE_API_TOKENIZE : FE_API_CHAT;
-  json_t *b = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
-  if (!json_is_object(b)) { /* the chat parse names what is wrong with the JSON */
-    json_decref(b);
-    int rc = fe_api_parse_request(kind, body, len, cfg, out, err);
-    if (!rc) { /* cannot be: it refused it as JSON */
-      fe_api_request_free(out);
-      return fail(err, NULL, "the request body must be a JSON object");
-    }
-    return rc;
-  }
-  struct mctx c = {err};
+  json_t *b;
+  int brc = fe_conv_body(kind, body, len, cfg, out, err, &b);
+  if (brc) return brc;
+  struct mctx c = {{err}};
   c.parts = json_array();
   c.images = json_array();
   json_t *req = NULL;
-  int rc = c.parts && c.images ? to_chat(&c, b, count, &req) : oom(err);
+  int rc = c.parts && c.images ? to_chat(&c, b, count, &req) : fe_conv_oom(err);
   char *js = rc ? NULL : json_dumps(req, JSON_COMPACT);
-  if (!rc && !js) rc = oom(err);
+  if (!rc && !js) rc = fe_conv_oom(err);
   if (!rc) {
     rc = fe_api_parse_request(kind, js, strlen(js), cfg, out, err);
     if (rc) rename_error(&c, err);
@@ -642,14 +607,12 @@ int fe_api_parse_messages(int count, const char *body, size_t len, const struct 
       rename_param(&c, g->param, sizeof(g->param)); /* and the grammars' */
     if (!rc) rename_param(&c, out->grammar_param, sizeof(out->grammar_param));
   }
-  json_decref(req); /* (and c.msgs) */
+  json_decref(req); /* (and c.cv.msgs) */
   json_decref(c.parts);
   json_decref(c.images);
   free(js);
   if (!rc) out->anthropic = count ? FE_API_ANTHROPIC_COUNT : FE_API_ANTHROPIC;
-  for (size_t i = 0; c.origin && i < c.cap; i++)
-    free(c.origin[i]);
-  free(c.origin);
+  fe_conv_free(&c.cv);
   json_decref(b);
   return rc;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "common/cm-err.h"
 #include "common/cm-time.h"
 
 void fe_api_make_id(char *out, size_t size, const char *prefix) {
@@ -25,6 +26,17 @@ void fe_api_make_id(char *out, size_t size, const char *prefix) {
     out[o++] = hex[r[i] & 15];
   }
   out[o < size ? o : size - 1] = 0;
+}
+
+void fe_api_put_json(struct fe_buf *b, const char *key, json_t *v) {
+  char *d = v ? json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY) : NULL;
+  json_decref(v);
+  fe_buf_printf(b, ",\"%s\":", key);
+  if (d)
+    fe_buf_puts(b, d);
+  else
+    b->err = CM_ERR_NOMEM;
+  free(d);
 }
 
 static void head(struct fe_buf *b, const struct fe_api_resp_meta *m, const char *object) {

@@ -32,7 +32,7 @@ struct fe_api_choice {
   const char *finish_reason;                   /* "stop", "length", "abort"; NULL: null */
   const struct fe_api_token_logprob *logprobs; /* (n_logprobs); NULL: "logprobs": null */
   size_t n_logprobs;
-  size_t text_offset; /* bytes of text before this chunk (completions) */
+  size_t text_offset;     /* bytes of text before this chunk (completions) */
   const char *tool_calls; /* chat: the tool_calls array's JSON (then "content" is null
                            * unless text_len > 0), or NULL */
   int function_call;      /* chat: tool_calls' first call goes as OpenAI's deprecated
@@ -97,6 +97,10 @@ int fe_api_write_chat_chunk(struct fe_buf *b, const struct fe_api_resp_meta *m,
  * "top_logprobs": [{"token", "logprob", "bytes"}]} (the Responses API's form too). */
 void fe_api_write_logprob_entries(struct fe_buf *b, const struct fe_api_token_logprob *lps,
                                   size_t n);
+/* ,"key":<v's JSON> appended to b (v taken; NULL, or JSON that cannot be written:
+ * b's error set), for the event writers (fe-responses.c, fe-messages.c). */
+struct json_t;
+void fe_api_put_json(struct fe_buf *b, const char *key, struct json_t *v);
 /* The final usage chunk: "choices": [] and "usage". */
 int fe_api_write_usage_chunk(struct fe_buf *b, enum fe_api_kind kind,
                              const struct fe_api_resp_meta *m, const struct fe_api_usage *u);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "frontend/fe-api-conv.h"
 #include "frontend/fe-api-resp.h"
 #include "frontend/fe-api.h"
 #include "frontend/fe-rstore.h"
@@ -16,59 +17,16 @@
 #define MAX_ITEMS 4096 /* input items; the chat parse caps the rest */
 
 struct rctx {
-  struct fe_api_error *err;
+  struct fe_conv cv;       /* the chat messages, each with its input item ("input[3]") */
   struct fe_rstore *store; /* NULL: none */
-  json_t *msgs;            /* the chat messages being built */
-  char **origin;           /* (cap) each message's input item, "input[3]" (malloc'd) */
-  size_t cap;
-  size_t conv_from; /* msgs from here on are the conversation (before: the instructions) */
+  size_t conv_from; /* messages from here on are the conversation (before: the instructions) */
   json_t *items;    /* the input items, each with its id, for the store */
 };
-
-static int fail(struct fe_api_error *err, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(struct fe_api_error *err, const char *param, const char *fmt, ...) {
-  err->status = 400;
-  snprintf(err->param, sizeof(err->param), "%s", param ? param : "");
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err->message, sizeof(err->message), fmt, ap);
-  va_end(ap);
-  return CM_ERR_INVAL;
-}
-
-static int oom(struct fe_api_error *err) {
-  err->status = 413;
-  err->param[0] = 0;
-  snprintf(err->message, sizeof(err->message), "request too large to hold in memory");
-  return CM_ERR_NOMEM;
-}
-
-static int given(const json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  return v && !json_is_null(v);
-}
-
-/* Appends chat message m (taken) made from the input item named `from`. */
-static int push(struct rctx *c, json_t *m, const char *from) {
-  size_t i = json_array_size(c->msgs);
-  if (!m || json_array_append_new(c->msgs, m)) return oom(c->err);
-  if (i >= c->cap) {
-    size_t cap = c->cap ? 2 * c->cap : 16;
-    char **o = realloc(c->origin, cap * sizeof(*o));
-    if (!o) return oom(c->err);
-    memset(o + c->cap, 0, (cap - c->cap) * sizeof(*o));
-    c->origin = o;
-    c->cap = cap;
-  }
-  if (!(c->origin[i] = strdup(from))) return oom(c->err);
-  return 0;
-}
 
 /* An input item as the store lists it: a copy with its type and an id. */
 static int keep_item(struct rctx *c, json_t *it, const char *type) {
   json_t *x = json_deep_copy(it);
-  if (!x || json_array_append_new(c->items, x)) return oom(c->err);
+  if (!x || json_array_append_new(c->items, x)) return fe_conv_oom(c->cv.err);
   if (!json_object_get(x, "type")) json_object_set_new(x, "type", json_string(type));
   if (!json_is_string(json_object_get(x, "id"))) {
     char id[48];
@@ -83,7 +41,7 @@ static int keep_item(struct rctx *c, json_t *it, const char *type) {
 static json_t *content_of(struct rctx *c, json_t *v, const char *param, int assistant) {
   if (json_is_string(v)) return json_copy(v);
   if (!json_is_array(v)) {
-    fail(c->err, param, "'%s' must be a string or a list of content parts", param);
+    fe_conv_fail(c->cv.err, param, "'%s' must be a string or a list of content parts", param);
     return NULL;
   }
   json_t *parts = json_array();
@@ -95,18 +53,20 @@ static json_t *content_of(struct rctx *c, json_t *v, const char *param, int assi
     const char *t = json_string_value(json_object_get(part, "type"));
     json_t *text = json_object_get(part, "text"), *x = NULL;
     if (!t) {
-      fail(c->err, pp, "'%s' must be an object with a 'type'", pp);
+      fe_conv_fail(c->cv.err, pp, "'%s' must be an object with a 'type'", pp);
     } else if (!strcmp(t, "input_text") || !strcmp(t, "output_text")) {
       if (json_is_string(text))
         x = json_pack("{s:s, s:O}", "type", "text", "text", text);
       else
-        fail(c->err, pp, "'%s' needs a string 'text'", pp);
+        fe_conv_fail(c->cv.err, pp, "'%s' needs a string 'text'", pp);
     } else if (!strcmp(t, "input_image") && !assistant) {
       json_t *url = json_object_get(part, "image_url"), *detail = json_object_get(part, "detail");
-      if (given(part, "file_id"))
-        fail(c->err, pp, "'%s': file ids are not served here; send the image as 'image_url'", pp);
+      if (fe_conv_given(part, "file_id"))
+        fe_conv_fail(c->cv.err, pp,
+                     "'%s': file ids are not served here; send the image as 'image_url'", pp);
       else if (!json_is_string(url))
-        fail(c->err, pp, "'%s' needs 'image_url', a data:, file:// or http(s):// URL", pp);
+        fe_conv_fail(c->cv.err, pp, "'%s' needs 'image_url', a data:, file:// or http(s):// URL",
+                     pp);
       else
         x = json_pack("{s:s, s:{s:O}}", "type", "image_url", "image_url", "url", url);
       if (x && json_is_string(detail))
@@ -116,10 +76,10 @@ static json_t *content_of(struct rctx *c, json_t *v, const char *param, int assi
     } else if (!strcmp(t, "refusal") && assistant) {
       continue; /* nothing the model said */
     } else {
-      fail(c->err, pp,
-           "content part type '%.40s' is not supported here ('input_text', 'input_image', "
-           "'input_audio'; an assistant's 'output_text')",
-           t);
+      fe_conv_fail(c->cv.err, pp,
+                   "content part type '%.40s' is not supported here ('input_text', 'input_image', "
+                   "'input_audio'; an assistant's 'output_text')",
+                   t);
     }
     if (!x) {
       json_decref(parts);
@@ -137,11 +97,11 @@ static int message_item(struct rctx *c, json_t *it, const char *param) {
   const char *role = json_string_value(json_object_get(it, "role"));
   if (!role || (strcmp(role, "user") && strcmp(role, "system") && strcmp(role, "developer") &&
                 strcmp(role, "assistant")))
-    return fail(c->err, pp, "'%s' must be user, assistant, system or developer", pp);
+    return fe_conv_fail(c->cv.err, pp, "'%s' must be user, assistant, system or developer", pp);
   int assistant = !strcmp(role, "assistant");
   snprintf(pp, sizeof(pp), "%s.content", param);
   json_t *v = json_object_get(it, "content");
-  if (!v) return fail(c->err, pp, "'%s' is required", pp);
+  if (!v) return fe_conv_fail(c->cv.err, pp, "'%s' is required", pp);
   json_t *content = content_of(c, v, pp, assistant);
   if (!content) return CM_ERR_INVAL;
   if (assistant && json_is_array(content)) { /* the text joined, as the model wrote it */
@@ -158,9 +118,9 @@ static int message_item(struct rctx *c, json_t *it, const char *param) {
     json_decref(content);
     content = s ? json_stringn(s, total) : NULL;
     free(s);
-    if (!content) return oom(c->err);
+    if (!content) return fe_conv_oom(c->cv.err);
   }
-  return push(c, json_pack("{s:s, s:o}", "role", role, "content", content), param);
+  return fe_conv_push(&c->cv, json_pack("{s:s, s:o}", "role", role, "content", content), param);
 }
 
 /* A function_call item: a tool call of the assistant's turn; calls in a row, and
@@ -175,21 +135,22 @@ static int call_item(struct rctx *c, json_t *it, const char *param) {
                                              : NULL;
   if (miss) {
     snprintf(pp, sizeof(pp), "%s.%s", param, miss);
-    return fail(c->err, pp, "'%s' must be a string", pp);
+    return fe_conv_fail(c->cv.err, pp, "'%s' must be a string", pp);
   }
   json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function", "function",
                            "name", name, "arguments", args);
-  if (!call) return oom(c->err);
-  size_t n = json_array_size(c->msgs);
-  json_t *last = n ? json_array_get(c->msgs, n - 1) : NULL;
+  if (!call) return fe_conv_oom(c->cv.err);
+  size_t n = json_array_size(c->cv.msgs);
+  json_t *last = n ? json_array_get(c->cv.msgs, n - 1) : NULL;
   const char *role = json_string_value(json_object_get(last, "role"));
   if (role && !strcmp(role, "assistant")) {
     json_t *calls = json_object_get(last, "tool_calls");
     if (!calls) json_object_set_new(last, "tool_calls", calls = json_array());
-    return json_array_append_new(calls, call) ? oom(c->err) : 0;
+    return json_array_append_new(calls, call) ? fe_conv_oom(c->cv.err) : 0;
   }
-  return push(c, json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content", "tool_calls", call),
-              param);
+  return fe_conv_push(
+      &c->cv, json_pack("{s:s, s:n, s:[o]}", "role", "assistant", "content", "tool_calls", call),
+      param);
 }
 
 /* A function_call_output item: the call's result, a tool message. */
@@ -197,37 +158,41 @@ static int output_item(struct rctx *c, json_t *it, const char *param) {
   json_t *id = json_object_get(it, "call_id"), *out = json_object_get(it, "output");
   char pp[128];
   snprintf(pp, sizeof(pp), "%s.%s", param, json_is_string(id) ? "output" : "call_id");
-  if (!json_is_string(id)) return fail(c->err, pp, "'%s' must be a string", pp);
+  if (!json_is_string(id)) return fe_conv_fail(c->cv.err, pp, "'%s' must be a string", pp);
   json_t *content = content_of(c, out ? out : json_null(), pp, 0);
   if (!content) return CM_ERR_INVAL;
-  return push(c,
-              json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", content),
-              param);
+  return fe_conv_push(
+      &c->cv, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", content),
+      param);
 }
 
 static int input_items(struct rctx *c, json_t *input) {
   if (json_is_string(input)) {
     json_t *it = json_pack("{s:s, s:s, s:[{s:s, s:O}]}", "type", "message", "role", "user",
                            "content", "type", "input_text", "text", input);
-    int rc = it ? keep_item(c, it, "message") : oom(c->err);
+    int rc = it ? keep_item(c, it, "message") : fe_conv_oom(c->cv.err);
     json_decref(it);
-    return rc ? rc : push(c, json_pack("{s:s, s:O}", "role", "user", "content", input), "input");
+    return rc ? rc
+              : fe_conv_push(&c->cv, json_pack("{s:s, s:O}", "role", "user", "content", input),
+                             "input");
   }
   if (!json_is_array(input) || !json_array_size(input))
-    return fail(c->err, "input", "'input' must be a string or a non-empty list of items");
+    return fe_conv_fail(c->cv.err, "input",
+                        "'input' must be a string or a non-empty list of items");
   if (json_array_size(input) > MAX_ITEMS)
-    return fail(c->err, "input", "%zu input items; at most %d", json_array_size(input), MAX_ITEMS);
+    return fe_conv_fail(c->cv.err, "input", "%zu input items; at most %d", json_array_size(input),
+                        MAX_ITEMS);
   size_t i;
   json_t *it;
   json_array_foreach(input, i, it) {
     char param[32];
     snprintf(param, sizeof(param), "input[%zu]", i);
-    if (!json_is_object(it)) return fail(c->err, param, "'%s' must be an object", param);
+    if (!json_is_object(it)) return fe_conv_fail(c->cv.err, param, "'%s' must be an object", param);
     json_t *type = json_object_get(it, "type");
     const char *t = json_is_string(type) ? json_string_value(type) : type ? NULL : "message";
     int rc;
     if (!t)
-      rc = fail(c->err, param, "'%s.type' must be a string", param);
+      rc = fe_conv_fail(c->cv.err, param, "'%s.type' must be a string", param);
     else if (!strcmp(t, "message"))
       rc = message_item(c, it, param);
     else if (!strcmp(t, "function_call"))
@@ -237,15 +202,16 @@ static int input_items(struct rctx *c, json_t *input) {
     else if (!strcmp(t, "reasoning"))
       rc = 0; /* an earlier thought: Gemma's template drops it from the history */
     else
-      rc = fail(
-          c->err, param,
+      rc = fe_conv_fail(
+          c->cv.err, param,
           "input item type '%.40s' is not supported (message, function_call, "
           "function_call_output, reasoning)%s",
           t, !strcmp(t, "item_reference") ? ": items are referred to by previous_response_id" : "");
     if (!rc) rc = keep_item(c, it, t);
     if (rc) return rc;
   }
-  if (!json_array_size(c->msgs)) return fail(c->err, "input", "'input' holds no message");
+  if (!json_array_size(c->cv.msgs))
+    return fe_conv_fail(c->cv.err, "input", "'input' holds no message");
   return 0;
 }
 
@@ -254,7 +220,7 @@ static int input_items(struct rctx *c, json_t *input) {
 static int tools_of(struct fe_api_error *err, json_t *tools, json_t **out) {
   *out = NULL;
   if (!tools || json_is_null(tools)) return 0;
-  if (!json_is_array(tools)) return fail(err, "tools", "'tools' must be a list");
+  if (!json_is_array(tools)) return fe_conv_fail(err, "tools", "'tools' must be a list");
   json_t *a = json_array();
   size_t i;
   json_t *t;
@@ -264,8 +230,9 @@ static int tools_of(struct fe_api_error *err, json_t *tools, json_t **out) {
     const char *ty = json_string_value(json_object_get(t, "type"));
     if (!ty || strcmp(ty, "function")) {
       json_decref(a);
-      return fail(err, pp, "'%s' is '%.40s': only function tools are served here (no hosted tools)",
-                  pp, ty ? ty : "missing");
+      return fe_conv_fail(err, pp,
+                          "'%s' is '%.40s': only function tools are served here (no hosted tools)",
+                          pp, ty ? ty : "missing");
     }
     json_t *fn = json_object();
     static const char *const keys[] = {"name", "description", "parameters", "strict"};
@@ -288,9 +255,9 @@ static int tool_choice_of(struct fe_api_error *err, json_t *tc, json_t **out) {
   const char *ty = json_string_value(json_object_get(tc, "type"));
   json_t *name = json_object_get(tc, "name");
   if (!ty || strcmp(ty, "function") || !json_is_string(name))
-    return fail(err, "tool_choice",
-                "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
-                "\"name\": ...}");
+    return fe_conv_fail(err, "tool_choice",
+                        "'tool_choice' must be none, auto, required or {\"type\": \"function\", "
+                        "\"name\": ...}");
   *out = json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name);
   return 0;
 }
@@ -307,8 +274,8 @@ static int format_of(struct fe_api_error *err, json_t *text, json_t **out) {
     return 0;
   }
   if (!ty || strcmp(ty, "json_schema"))
-    return fail(err, "text.format.type",
-                "'text.format.type' must be text, json_object or json_schema");
+    return fe_conv_fail(err, "text.format.type",
+                        "'text.format.type' must be text, json_object or json_schema");
   json_t *js = json_object();
   static const char *const keys[] = {"name", "schema", "strict", "description"};
   for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++)
@@ -330,23 +297,24 @@ static const char *const passed[] = {
 
 /* Fields that ask for what this server does not give. */
 static int refused(struct fe_api_error *err, json_t *b) {
-  if (given(b, "conversation"))
-    return fail(err, "conversation",
-                "'conversation' is not supported: conversations are not stored here");
+  if (fe_conv_given(b, "conversation"))
+    return fe_conv_fail(err, "conversation",
+                        "'conversation' is not supported: conversations are not stored here");
   if (json_is_true(json_object_get(b, "background")))
-    return fail(err, "background", "'background' is not supported: responses are not stored here");
+    return fe_conv_fail(err, "background",
+                        "'background' is not supported: responses are not stored here");
   json_t *mtc = json_object_get(b, "max_tool_calls");
-  if (given(b, "max_tool_calls") && (!json_is_integer(mtc) || json_integer_value(mtc) < 0))
-    return fail(err, "max_tool_calls", "'max_tool_calls' must be an integer >= 0");
+  if (fe_conv_given(b, "max_tool_calls") && (!json_is_integer(mtc) || json_integer_value(mtc) < 0))
+    return fe_conv_fail(err, "max_tool_calls", "'max_tool_calls' must be an integer >= 0");
   static const char *const hints[] = {"prompt_cache_key", "safety_identifier"};
   for (size_t i = 0; i < sizeof(hints) / sizeof(hints[0]); i++)
-    if (given(b, hints[i]) && !json_is_string(json_object_get(b, hints[i])))
-      return fail(err, hints[i], "'%s' must be a string", hints[i]);
-  if (given(b, "prompt"))
-    return fail(err, "prompt", "'prompt' (a stored prompt template) is not supported");
+    if (fe_conv_given(b, hints[i]) && !json_is_string(json_object_get(b, hints[i])))
+      return fe_conv_fail(err, hints[i], "'%s' must be a string", hints[i]);
+  if (fe_conv_given(b, "prompt"))
+    return fe_conv_fail(err, "prompt", "'prompt' (a stored prompt template) is not supported");
   json_t *inc = json_object_get(b, "include");
   if (inc && !json_is_null(inc) && !json_is_array(inc))
-    return fail(err, "include", "'include' must be a list");
+    return fe_conv_fail(err, "include", "'include' must be a list");
   size_t i;
   json_t *x;
   json_array_foreach(inc, i, x) {
@@ -356,10 +324,10 @@ static int refused(struct fe_api_error *err, json_t *b) {
      * carry, and reasoning items come without it */
     if (!s ||
         (strcmp(s, "message.output_text.logprobs") && strcmp(s, "reasoning.encrypted_content")))
-      return fail(err, "include",
-                  "'include' value '%.60s' is not supported (message.output_text.logprobs, "
-                  "reasoning.encrypted_content)",
-                  s ? s : "?");
+      return fe_conv_fail(err, "include",
+                          "'include' value '%.60s' is not supported (message.output_text.logprobs, "
+                          "reasoning.encrypted_content)",
+                          s ? s : "?");
   }
   return 0;
 }
@@ -369,24 +337,26 @@ static int refused(struct fe_api_error *err, json_t *b) {
 static int previous(struct rctx *c, json_t *id) {
   if (!id || json_is_null(id)) return 0;
   if (!json_is_string(id))
-    return fail(c->err, "previous_response_id", "'previous_response_id' must be a string");
+    return fe_conv_fail(c->cv.err, "previous_response_id",
+                        "'previous_response_id' must be a string");
   if (!c->store)
-    return fail(c->err, "previous_response_id",
-                "'previous_response_id' needs the response store, which is off on this server "
-                "(--responses-store-size 0); send the conversation's items in 'input'");
+    return fe_conv_fail(
+        c->cv.err, "previous_response_id",
+        "'previous_response_id' needs the response store, which is off on this server "
+        "(--responses-store-size 0); send the conversation's items in 'input'");
   const struct fe_rstore_entry *e =
       fe_rstore_get(c->store, json_string_value(id), json_string_length(id));
   if (!e) {
-    fail(c->err, "previous_response_id", "no response '%.64s' is stored here",
-         json_string_value(id));
-    c->err->status = 404;
+    fe_conv_fail(c->cv.err, "previous_response_id", "no response '%.64s' is stored here",
+                 json_string_value(id));
+    c->cv.err->status = 404;
     return CM_ERR_NOENT;
   }
   json_t *conv = json_loads(e->conv, 0, NULL), *m;
   size_t i;
-  int rc = conv ? 0 : oom(c->err);
+  int rc = conv ? 0 : fe_conv_oom(c->cv.err);
   json_array_foreach(conv, i, m) {
-    if ((rc = push(c, json_incref(m), "previous_response_id"))) break;
+    if ((rc = fe_conv_push(&c->cv, json_incref(m), "previous_response_id"))) break;
   }
   json_decref(conv);
   return rc;
@@ -394,23 +364,24 @@ static int previous(struct rctx *c, json_t *id) {
 
 /* The chat request of body b (new), and the messages' origins. */
 static int to_chat(struct rctx *c, json_t *b, json_t **out) {
-  int rc = refused(c->err, b);
+  int rc = refused(c->cv.err, b);
   if (rc) return rc;
   json_t *req = json_object();
-  c->msgs = json_array();
-  json_object_set_new(req, "messages", c->msgs);
+  c->cv.msgs = json_array();
+  json_object_set_new(req, "messages", c->cv.msgs);
   *out = req;
   json_t *ins = json_object_get(b, "instructions");
   if (ins && !json_is_null(ins)) {
     if (!json_is_string(ins))
-      return fail(c->err, "instructions", "'instructions' must be a string");
-    if ((rc = push(c, json_pack("{s:s, s:O}", "role", "system", "content", ins), "instructions")))
+      return fe_conv_fail(c->cv.err, "instructions", "'instructions' must be a string");
+    if ((rc = fe_conv_push(&c->cv, json_pack("{s:s, s:O}", "role", "system", "content", ins),
+                           "instructions")))
       return rc;
   }
-  c->conv_from = json_array_size(c->msgs);
+  c->conv_from = json_array_size(c->cv.msgs);
   if ((rc = previous(c, json_object_get(b, "previous_response_id")))) return rc;
   json_t *input = json_object_get(b, "input");
-  if (!input || json_is_null(input)) return fail(c->err, "input", "'input' is required");
+  if (!input || json_is_null(input)) return fe_conv_fail(c->cv.err, "input", "'input' is required");
   if ((rc = input_items(c, input))) return rc;
   if (json_object_get(b, "model")) json_object_set(req, "model", json_object_get(b, "model"));
   for (size_t k = 0; k < sizeof(passed) / sizeof(passed[0]); k++) {
@@ -420,11 +391,11 @@ static int to_chat(struct rctx *c, json_t *b, json_t **out) {
   json_t *mo = json_object_get(b, "max_output_tokens");
   if (mo) json_object_set(req, "max_tokens", mo);
   json_t *x;
-  if ((rc = tools_of(c->err, json_object_get(b, "tools"), &x))) return rc;
+  if ((rc = tools_of(c->cv.err, json_object_get(b, "tools"), &x))) return rc;
   if (x) json_object_set_new(req, "tools", x);
-  if ((rc = tool_choice_of(c->err, json_object_get(b, "tool_choice"), &x))) return rc;
+  if ((rc = tool_choice_of(c->cv.err, json_object_get(b, "tool_choice"), &x))) return rc;
   if (x) json_object_set_new(req, "tool_choice", x);
-  if ((rc = format_of(c->err, json_object_get(b, "text"), &x))) return rc;
+  if ((rc = format_of(c->cv.err, json_object_get(b, "text"), &x))) return rc;
   if (x) json_object_set_new(req, "response_format", x);
   /* logprobs: include's message.output_text.logprobs (refused() checked it), or
    * top_logprobs */
@@ -438,13 +409,13 @@ static int to_chat(struct rctx *c, json_t *b, json_t **out) {
     if (top) json_object_set(req, "top_logprobs", top);
   }
   const char *tr = json_string_value(json_object_get(b, "truncation"));
-  if (given(b, "truncation") && (!tr || (strcmp(tr, "auto") && strcmp(tr, "disabled"))))
-    return fail(c->err, "truncation", "'truncation' must be auto or disabled");
+  if (fe_conv_given(b, "truncation") && (!tr || (strcmp(tr, "auto") && strcmp(tr, "disabled"))))
+    return fe_conv_fail(c->cv.err, "truncation", "'truncation' must be auto or disabled");
 
   /* reasoning.effort: chat's reasoning_effort (thinking on for low, medium, high) */
   json_t *rs = json_object_get(b, "reasoning");
   if (rs && !json_is_null(rs) && !json_is_object(rs))
-    return fail(c->err, "reasoning", "'reasoning' must be an object");
+    return fe_conv_fail(c->cv.err, "reasoning", "'reasoning' must be an object");
   json_t *eff = json_object_get(rs, "effort");
   if (eff) json_object_set(req, "reasoning_effort", eff);
   return 0;
@@ -459,7 +430,8 @@ static json_t *echo_of(json_t *b, const struct fe_api_request *r, int stored) {
   json_object_set_new(e, "instructions", json_copy(json_object_get(b, "instructions")));
   if (!json_object_get(e, "instructions")) json_object_set_new(e, "instructions", json_null());
   json_object_set_new(e, "max_output_tokens",
-                      given(b, "max_output_tokens") ? json_integer(r->max_tokens) : json_null());
+                      fe_conv_given(b, "max_output_tokens") ? json_integer(r->max_tokens)
+                                                            : json_null());
   json_object_set_new(e, "metadata", json_is_object(md) ? json_deep_copy(md) : json_object());
   json_object_set_new(e, "parallel_tool_calls",
                       json_boolean(!json_is_false(json_object_get(b, "parallel_tool_calls"))));
@@ -530,44 +502,37 @@ int fe_api_parse_responses(const char *body, size_t len, const struct fe_api_con
                            struct fe_api_request *out, struct fe_api_error *err) {
   memset(out, 0, sizeof(*out));
   memset(err, 0, sizeof(*err));
-  json_t *b = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
-  if (!json_is_object(b)) { /* the chat parse names what is wrong with the JSON */
-    json_decref(b);
-    int rc = fe_api_parse_request(FE_API_CHAT, body, len, cfg, out, err);
-    if (!rc) { /* cannot be: it refused it as JSON */
-      fe_api_request_free(out);
-      return fail(err, NULL, "the request body must be a JSON object");
-    }
-    return rc;
-  }
+  json_t *b;
+  int brc = fe_conv_body(FE_API_CHAT, body, len, cfg, out, err, &b);
+  if (brc) return brc;
   /* what the store keeps (store: false asks it not to) */
   struct fe_rstore *store = json_is_false(json_object_get(b, "store")) ? NULL : cfg->store;
-  struct rctx c = {err, cfg->store};
+  struct rctx c = {{err}, cfg->store};
   c.items = json_array();
   json_t *req = NULL;
-  int rc = c.items ? to_chat(&c, b, &req) : oom(err);
+  int rc = c.items ? to_chat(&c, b, &req) : fe_conv_oom(err);
   char *js = rc ? NULL : json_dumps(req, JSON_COMPACT);
-  if (!rc && !js) rc = oom(err);
-  size_t n = json_array_size(c.msgs);
+  if (!rc && !js) rc = fe_conv_oom(err);
+  size_t n = json_array_size(c.cv.msgs);
   char *conv = NULL, *items = NULL;
   if (!rc && store) { /* the conversation so far, and the items as given */
     json_t *cv = json_array();
     for (size_t i = c.conv_from; i < n; i++)
-      json_array_append(cv, json_array_get(c.msgs, i));
+      json_array_append(cv, json_array_get(c.cv.msgs, i));
     conv = json_dumps(cv, JSON_COMPACT);
     items = json_dumps(c.items, JSON_COMPACT);
     json_decref(cv);
-    if (!conv || !items) rc = oom(err);
+    if (!conv || !items) rc = fe_conv_oom(err);
   }
-  json_decref(req); /* (and c.msgs) */
+  json_decref(req); /* (and c.cv.msgs) */
   if (!rc) {
     rc = fe_api_parse_request(FE_API_CHAT, js, strlen(js), cfg, out, err);
-    if (rc) rename_param(err->param, sizeof(err->param), c.origin, n);
+    if (rc) rename_param(err->param, sizeof(err->param), c.cv.origin, n);
     for (size_t i = 0; !rc && i < out->n_images; i++) /* the media's errors come later */
-      rename_param(out->images[i].param, sizeof(out->images[i].param), c.origin, n);
+      rename_param(out->images[i].param, sizeof(out->images[i].param), c.cv.origin, n);
     for (struct fe_api_grammar_check *g = rc ? NULL : out->checks; g; g = g->next)
-      rename_param(g->param, sizeof(g->param), c.origin, n); /* and the grammars' */
-    if (!rc) rename_param(out->grammar_param, sizeof(out->grammar_param), c.origin, n);
+      rename_param(g->param, sizeof(g->param), c.cv.origin, n); /* and the grammars' */
+    if (!rc) rename_param(out->grammar_param, sizeof(out->grammar_param), c.cv.origin, n);
   }
   free(js);
   if (!rc) { /* truncation "auto": the oldest turns go until the chat fits */
@@ -587,14 +552,12 @@ int fe_api_parse_responses(const char *body, size_t len, const struct fe_api_con
     }
     if (!out->responses || (store && (!out->responses_conv || !out->responses_input))) {
       fe_api_request_free(out);
-      rc = oom(err);
+      rc = fe_conv_oom(err);
     }
   }
   free(conv);
   free(items);
-  for (size_t i = 0; c.origin && i < c.cap; i++)
-    free(c.origin[i]);
-  free(c.origin);
+  fe_conv_free(&c.cv);
   json_decref(c.items);
   json_decref(b);
   return rc;

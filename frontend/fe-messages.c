@@ -91,28 +91,16 @@ static void ev_end(struct fe_buf *out) {
   fe_buf_puts(out, "}\n\n");
 }
 
-/* ,"key":<v's JSON> (v taken) */
-static void field_json(struct fe_buf *out, const char *key, json_t *v) {
-  char *d = v ? json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY) : NULL;
-  json_decref(v);
-  fe_buf_printf(out, ",\"%s\":", key);
-  if (d)
-    fe_buf_puts(out, d);
-  else
-    out->err = CM_ERR_NOMEM;
-  free(d);
-}
-
 static void start(struct fe_msg_stream *s, struct fe_buf *out, const struct fe_api_usage *u) {
   if (s->started) return;
   s->started = 1;
   struct fe_api_usage in = *u;
   in.completion_tokens = 0;
   ev_begin(out, "message_start");
-  field_json(out, "message",
-             json_pack("{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:o}", "id", s->meta.id, "type",
-                       "message", "role", "assistant", "model", s->meta.model, "content",
-                       "stop_reason", "stop_sequence", "usage", usage_obj(&in)));
+  fe_api_put_json(out, "message",
+                  json_pack("{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:o}", "id", s->meta.id, "type",
+                            "message", "role", "assistant", "model", s->meta.model, "content",
+                            "stop_reason", "stop_sequence", "usage", usage_obj(&in)));
   ev_end(out);
   ev_begin(out, "ping");
   ev_end(out);
@@ -225,7 +213,7 @@ int fe_msg_stream_end(struct fe_msg_stream *s, struct fe_buf *out, const char *f
   else
     fe_buf_puts(out, "null");
   fe_buf_puts(out, "}");
-  field_json(out, "usage", usage_obj(u));
+  fe_api_put_json(out, "usage", usage_obj(u));
   ev_end(out);
   ev_begin(out, "message_stop");
   ev_end(out);

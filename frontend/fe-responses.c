@@ -155,18 +155,6 @@ static int ev_end(struct fe_buf *out) {
   return fe_buf_puts(out, "}\n\n");
 }
 
-/* ,"key":<v's JSON> (v taken) */
-static void field_json(struct fe_buf *out, const char *key, json_t *v) {
-  char *d = v ? json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY) : NULL;
-  json_decref(v);
-  fe_buf_printf(out, ",\"%s\":", key);
-  if (d)
-    fe_buf_puts(out, d);
-  else
-    out->err = CM_ERR_NOMEM;
-  free(d);
-}
-
 /* ,"item_id":"..","output_index":N (the open item) */
 static void at_item(struct fe_resp_stream *s, struct fe_buf *out) {
   fe_buf_puts(out, ",\"item_id\":");
@@ -180,7 +168,8 @@ static void item_event(struct fe_resp_stream *s, struct fe_buf *out, const char 
   ev_begin(s, out, type);
   fe_buf_puts(out, ",\"output_index\":");
   fe_buf_i64(out, (int64_t)json_array_size(s->items) - 1);
-  field_json(out, "item", json_deep_copy(json_array_get(s->items, json_array_size(s->items) - 1)));
+  fe_api_put_json(out, "item",
+                  json_deep_copy(json_array_get(s->items, json_array_size(s->items) - 1)));
   ev_end(out);
 }
 
@@ -190,7 +179,7 @@ static void part_event(struct fe_resp_stream *s, struct fe_buf *out, const char 
   ev_begin(s, out, type);
   at_item(s, out);
   fe_buf_puts(out, ",\"content_index\":0");
-  field_json(out, "part", part);
+  fe_api_put_json(out, "part", part);
   ev_end(out);
 }
 
@@ -292,8 +281,8 @@ int fe_resp_stream_begin(struct fe_resp_stream *s, struct fe_buf *out) {
   static const char *const types[] = {"response.created", "response.in_progress"};
   for (int i = 0; i < 2; i++) {
     ev_begin(s, out, types[i]);
-    field_json(out, "response",
-               response_obj(&s->meta, s->echo, "in_progress", NULL, json_array(), NULL));
+    fe_api_put_json(out, "response",
+                    response_obj(&s->meta, s->echo, "in_progress", NULL, json_array(), NULL));
     ev_end(out);
   }
   return out->err;

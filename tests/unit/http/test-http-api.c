@@ -823,6 +823,40 @@ TH_TEST(api_prompt_len) {
   fe_api_request_free(&r);
 }
 
+/* A body another API's translator must refuse, and the field its error names. */
+struct refusal {
+  const char *body, *param;
+};
+
+static int parse_responses(const char *b, size_t n, struct fe_api_request *r,
+                           struct fe_api_error *e) {
+  return fe_api_parse_responses(b, n, &cfg, r, e);
+}
+static int parse_messages(const char *b, size_t n, struct fe_api_request *r,
+                          struct fe_api_error *e) {
+  return fe_api_parse_messages(0, b, n, &cfg, r, e);
+}
+
+/* Each case refused with a 4xx and a message, naming its field. */
+static void check_refusals(const struct refusal *cases, size_t n,
+                           int (*parse)(const char *, size_t, struct fe_api_request *,
+                                        struct fe_api_error *)) {
+  for (size_t i = 0; i < n; i++) {
+    struct fe_api_request r;
+    struct fe_api_error e;
+    if (parse(cases[i].body, strlen(cases[i].body), &r, &e) == 0) {
+      th_fail(__FILE__, __LINE__, "accepted: %s", cases[i].body);
+      fe_api_request_free(&r);
+      continue;
+    }
+    TH_CHECK(e.status == 400 || e.status == 404);
+    TH_CHECK(e.message[0] != 0);
+    if (strcmp(e.param, cases[i].param))
+      th_fail(__FILE__, __LINE__, "%s: param '%s', not '%s' (%s)", cases[i].body, e.param,
+              cases[i].param, e.message);
+  }
+}
+
 /* POST /v1/responses: the items as the chat request's messages, the fields as
  * chat's, the echo; and the refusals naming the Responses fields. */
 TH_TEST(api_responses_items) {
@@ -870,9 +904,7 @@ TH_TEST(api_responses_items) {
   json_decref(echo);
   fe_api_request_free(&r);
   /* a string is one user turn; chat's own parse names chat's fields in these terms */
-  static const struct {
-    const char *body, *param;
-  } refused[] = {
+  static const struct refusal refused[] = {
       {"{\"input\":\"a\",\"previous_response_id\":\"resp_1\"}", "previous_response_id"},
       {"{\"input\":\"a\",\"background\":true}", "background"},
       {"{\"input\":\"a\",\"include\":[\"file_search_call.results\"]}", "include"},
@@ -902,19 +934,7 @@ TH_TEST(api_responses_items) {
       {"[1]", ""},
       {"{\"input\":", ""},
   };
-  for (size_t i = 0; i < CM_ARRAY_LEN(refused); i++) {
-    rc = fe_api_parse_responses(refused[i].body, strlen(refused[i].body), &cfg, &r, &e);
-    if (rc == 0) {
-      th_fail(__FILE__, __LINE__, "accepted: %s", refused[i].body);
-      fe_api_request_free(&r);
-      continue;
-    }
-    TH_CHECK(e.status == 400 || e.status == 404);
-    TH_CHECK(e.message[0] != 0);
-    if (strcmp(e.param, refused[i].param))
-      th_fail(__FILE__, __LINE__, "%s: param '%s', not '%s' (%s)", refused[i].body, e.param,
-              refused[i].param, e.message);
-  }
+  check_refusals(refused, CM_ARRAY_LEN(refused), parse_responses);
   const char *s = "{\"input\":\"hi\",\"reasoning\":{\"effort\":\"high\"},\"truncation\":\"auto\"}";
   TH_REQUIRE(fe_api_parse_responses(s, strlen(s), &cfg, &r, &e) == 0);
   TH_CHECK(r.n_messages == 1 && r.messages[0].role == FE_API_ROLE_USER);
@@ -1101,9 +1121,7 @@ TH_TEST(api_messages_blocks) {
       TH_CHECK(r.tool_answer == 1 && r.grammar_kind != 0);
     fe_api_request_free(&r);
   }
-  static const struct {
-    const char *body, *param;
-  } refused[] = {
+  static const struct refusal refused[] = {
       {"{\"model\":\"gemma\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "max_tokens"},
       {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "model"},
       {"{\"model\":\"other\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]"
@@ -1175,17 +1193,5 @@ TH_TEST(api_messages_blocks) {
       {"[1]", ""},
       {"{\"model\":", ""},
   };
-  for (size_t i = 0; i < CM_ARRAY_LEN(refused); i++) {
-    rc = fe_api_parse_messages(0, refused[i].body, strlen(refused[i].body), &cfg, &r, &e);
-    if (rc == 0) {
-      th_fail(__FILE__, __LINE__, "accepted: %s", refused[i].body);
-      fe_api_request_free(&r);
-      continue;
-    }
-    TH_CHECK(e.status == 400 || e.status == 404);
-    TH_CHECK(e.message[0] != 0);
-    if (strcmp(e.param, refused[i].param))
-      th_fail(__FILE__, __LINE__, "%s: param '%s', not '%s' (%s)", refused[i].body, e.param,
-              refused[i].param, e.message);
-  }
+  check_refusals(refused, CM_ARRAY_LEN(refused), parse_messages);
 }

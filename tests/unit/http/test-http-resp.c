@@ -236,6 +236,22 @@ TH_TEST(resp_responses_object) {
   fe_buf_free(&b);
 }
 
+/* The next named event of a stream at *p (before end): its data's JSON (new), whose
+ * "type" its `event:` line must name, *p moved past it; NULL at the end. */
+static json_t *next_event(const char **p, const char *end) {
+  if (!*p || *p >= end) return NULL;
+  const char *nl = strchr(*p, '\n'), *stop = strstr(*p, "\n\n");
+  TH_REQUIRE(nl && stop && !strncmp(*p, "event: ", 7) && !strncmp(nl + 1, "data: ", 6));
+  json_error_t e;
+  json_t *j = json_loadb(nl + 7, (size_t)(stop - nl - 7), 0, &e);
+  TH_REQUIRE(j != NULL);
+  const char *type = json_string_value(json_object_get(j, "type"));
+  TH_REQUIRE(type != NULL);
+  TH_CHECK((size_t)(nl - *p - 7) == strlen(type) && !strncmp(*p + 7, type, strlen(type)));
+  *p = stop + 2;
+  return j;
+}
+
 /* A Responses stream: the events of chunks (a thought, text whose logprobs came
  * before it, a call in two pieces) in order, numbered, each item added and done,
  * and the whole response last. */
@@ -291,16 +307,11 @@ TH_TEST(resp_responses_events) {
                                      "response.completed"};
   size_t n = 0;
   json_t *last = NULL;
-  for (char *p = b.data; p && p < b.data + b.len && n < CM_ARRAY_LEN(want) + 1; n++) {
-    char *nl = strchr(p, '\n'), *end = strstr(p, "\n\n");
-    TH_REQUIRE(nl && end && !strncmp(p, "event: ", 7) && !strncmp(nl + 1, "data: ", 6));
-    json_error_t e;
-    json_t *j = json_loadb(nl + 7, (size_t)(end - nl - 7), 0, &e);
-    TH_REQUIRE(j != NULL);
+  const char *p = b.data;
+  for (json_t *j; (j = next_event(&p, b.data + b.len)) && n < CM_ARRAY_LEN(want) + 1; n++) {
     const char *type = json_string_value(json_object_get(j, "type"));
     TH_REQUIRE(n < CM_ARRAY_LEN(want));
     TH_CHECK_EQ_STR(type, want[n]);
-    TH_CHECK((size_t)(nl - p - 7) == strlen(type) && !strncmp(p + 7, type, strlen(type)));
     TH_CHECK(json_integer_value(json_object_get(j, "sequence_number")) == (json_int_t)n);
     if (!strcmp(type, "response.output_text.delta")) { /* the held logprob goes with it */
       TH_CHECK(json_array_size(json_object_get(j, "logprobs")) == 2);
@@ -310,7 +321,6 @@ TH_TEST(resp_responses_events) {
       TH_CHECK_EQ_STR(json_string_value(json_object_get(j, "arguments")), "{\"a\":1}");
     json_decref(last);
     last = j;
-    p = end + 2;
   }
   TH_CHECK(n == CM_ARRAY_LEN(want));
   json_t *r = json_object_get(last, "response"), *out = json_object_get(r, "output");
@@ -861,16 +871,11 @@ TH_TEST(resp_messages_events) {
   size_t n = 0;
   struct fe_buf json; /* the tool_use block's partial_json, put together */
   fe_buf_init(&json, 0);
-  for (char *p = b.data; p && p < b.data + b.len && n < CM_ARRAY_LEN(want) + 1; n++) {
-    char *nl = strchr(p, '\n'), *end = strstr(p, "\n\n");
-    TH_REQUIRE(nl && end && !strncmp(p, "event: ", 7) && !strncmp(nl + 1, "data: ", 6));
-    json_error_t e;
-    json_t *j = json_loadb(nl + 7, (size_t)(end - nl - 7), 0, &e);
-    TH_REQUIRE(j != NULL);
+  const char *p = b.data;
+  for (json_t *j; (j = next_event(&p, b.data + b.len)) && n < CM_ARRAY_LEN(want) + 1; n++) {
     const char *type = json_string_value(json_object_get(j, "type"));
     TH_REQUIRE(n < CM_ARRAY_LEN(want));
     TH_CHECK_EQ_STR(type, want[n].type);
-    TH_CHECK((size_t)(nl - p - 7) == strlen(type) && !strncmp(p + 7, type, strlen(type)));
     if (want[n].index >= 0)
       TH_CHECK(json_integer_value(json_object_get(j, "index")) == want[n].index);
     json_t *d = json_object_get(j, "delta");
@@ -898,7 +903,6 @@ TH_TEST(resp_messages_events) {
                9);
     }
     json_decref(j);
-    p = end + 2;
   }
   TH_CHECK(n == CM_ARRAY_LEN(want));
   TH_CHECK(json.len == 7 && !memcmp(json.data, "{\"a\":1}", 7));
