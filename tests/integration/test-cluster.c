@@ -58,7 +58,7 @@ TH_TEST(cluster_over_tcp) {
   struct th_proc pf, pw, ps;
   TH_REQUIRE(th_proc_spawnl(&pf, NULL, 1, NULL, th_lmserve_bin(), "frontend", "--model", model,
                             "--scheduler", fe_ep, "--host", "127.0.0.1", "--port", http_s,
-                            "--drain-timeout", "5", NULL) == 0);
+                            "--drain-timeout", "5", "--disable-access-log", NULL) == 0);
   TH_REQUIRE(th_proc_wait_output(&pf, "listening on", 60000) == 0);
   TH_CHECK_EQ_INT(health(ports[0]), 503);
 

@@ -23,8 +23,10 @@
 
 void hc_frontend_start(struct server *s, const char *url_prefix, char *const *flags) {
   memset(s, 0, sizeof(*s));
+  /* (its stderr is a pipe read once, at the end: an access log line a request, thousands
+   * of them in the limits' tests, would fill it and stall the frontend) */
   TH_REQUIRE(th_proc_spawnl(&s->p, NULL, 1, flags, th_lmserve_bin(), "frontend", "--port", "0",
-                            "--served-model-name", "tiny", NULL) == 0);
+                            "--served-model-name", "tiny", "--disable-access-log", NULL) == 0);
   s->port = hc_read_url_port(&s->p, url_prefix);
 }
 
