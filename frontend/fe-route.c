@@ -313,27 +313,23 @@ static void on_responses(struct fe_router *r, struct fe_conn *c, const char *b, 
   }
   submit(r, c, req);
 }
-/* POST /v1/messages: Anthropic's Messages API, a chat request underneath; and its
- * count_tokens, a /tokenize request underneath */
-static void on_messages(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+/* POST /v1/messages: Anthropic's Messages API, a chat request underneath; and (count)
+ * its count_tokens, a /tokenize request underneath */
+static void messages(struct fe_router *r, struct fe_conn *c, const char *b, size_t n, int count) {
   struct fe_api_config acfg = api_config(r);
   struct fe_api_request req;
   struct fe_api_error err;
-  if (fe_api_parse_messages(0, b, n, &acfg, &req, &err) != 0) {
+  if (fe_api_parse_messages(count, b, n, &acfg, &req, &err) != 0) {
     reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
     return;
   }
   submit(r, c, req);
 }
+static void on_messages(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  messages(r, c, b, n, 0);
+}
 static void on_count_tokens(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
-  struct fe_api_config acfg = api_config(r);
-  struct fe_api_request req;
-  struct fe_api_error err;
-  if (fe_api_parse_messages(1, b, n, &acfg, &req, &err) != 0) {
-    reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
-    return;
-  }
-  submit(r, c, req);
+  messages(r, c, b, n, 1);
 }
 /* ---- the Responses API's stored responses ------------------------------------ */
 
