@@ -35,18 +35,22 @@ void cm_log_init_from_env(void) {
   if (s && *s && cm_log_parse_level(s, &lvl) == CM_OK) g_level = lvl;
 }
 
-void cm_log_write(enum cm_log_level level, const char *tag, const char *fmt, ...) {
+/* The line's head ("2026-...Z I tag[pid] ") into buf; its length, or -1. */
+static int line_head(char *buf, size_t cap, enum cm_log_level level, const char *tag) {
   static const char letters[] = "EWIDT";
-  char buf[2048];
   uint64_t now = cm_time_wall_ns();
   time_t secs = (time_t)(now / 1000000000ull);
   struct tm tm;
   gmtime_r(&secs, &tm);
-  int n = snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %c %s[%d] ",
-                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                   tm.tm_sec, (int)((now / 1000000ull) % 1000ull),
-                   letters[level <= CM_LOG_TRACE ? level : CM_LOG_TRACE], tag ? tag : "-",
-                   (int)getpid());
+  return snprintf(
+      buf, cap, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %c %s[%d] ", tm.tm_year + 1900, tm.tm_mon + 1,
+      tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)((now / 1000000ull) % 1000ull),
+      letters[level <= CM_LOG_TRACE ? level : CM_LOG_TRACE], tag ? tag : "-", (int)getpid());
+}
+
+void cm_log_write(enum cm_log_level level, const char *tag, const char *fmt, ...) {
+  char buf[2048];
+  int n = line_head(buf, sizeof(buf), level, tag);
   if (n < 0) return;
   va_list ap;
   va_start(ap, fmt);
@@ -60,6 +64,21 @@ void cm_log_write(enum cm_log_level level, const char *tag, const char *fmt, ...
   buf[len++] = '\n';
   ssize_t w = write(STDERR_FILENO, buf, len);
   (void)w;
+}
+
+void cm_log_text(enum cm_log_level level, const char *tag, const char *text, size_t len) {
+  if (!CM_LOG_ENABLED(level)) return;
+  char head[256];
+  int n = line_head(head, sizeof(head), level, tag);
+  char *line = n < 0 ? NULL : malloc((size_t)n + len + 1);
+  if (!line) return;
+  memcpy(line, head, (size_t)n);
+  for (size_t i = 0; i < len; i++) /* one event, one line */
+    line[(size_t)n + i] = text[i] == '\n' || text[i] == '\r' ? ' ' : text[i];
+  line[(size_t)n + len] = '\n';
+  ssize_t w = write(STDERR_FILENO, line, (size_t)n + len + 1);
+  (void)w;
+  free(line);
 }
 
 _Noreturn void cm_assert_fail(const char *expr, const char *file, int line, const char *func) {

@@ -8,6 +8,7 @@
  * sharing stderr do not interleave. */
 #ifndef LMSERVE_CM_LOG_H
 #define LMSERVE_CM_LOG_H
+#include <stddef.h>
 
 enum cm_log_level {
   CM_LOG_ERROR = 0,
@@ -26,6 +27,10 @@ void cm_log_init_from_env(void);
 
 void cm_log_write(enum cm_log_level level, const char *tag, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* One event of any length (cm_log_write cuts at 2 KiB): text[0..len) as its line,
+ * written with one write(2) where the level is enabled. */
+void cm_log_text(enum cm_log_level level, const char *tag, const char *text, size_t len);
 
 #define CM_LOG_ENABLED(lvl) ((lvl) <= cm_log_get_level())
 #define cm_log(lvl, tag, ...) \

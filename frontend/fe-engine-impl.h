@@ -56,6 +56,8 @@ struct fe_eng_choice {
   struct tk_detok *detok;
   struct tk_stop *stop;
   struct fe_buf text;    /* non-streamed: all released text; streamed: this OUT's delta */
+  struct fe_buf logged;  /* --enable-log-outputs: the released text (up to the log's cut) */
+  size_t logged_bytes;   /* of it released in all */
   struct fe_g4_split *g4;  /* the request reads Gemma 4's notation (api->g4): the text goes
                             * through it into g4_out; NULL: plain text */
   struct fe_g4_out g4_out; /* content (then moved to text), reasoning and calls; streamed:
@@ -149,6 +151,8 @@ struct fe_replica {
   int64_t pong_max_model_len;
   struct pr_pong last_pong; /* cumulative counters seen last */
   int have_pong;
+  struct pr_pong logged_pong; /* the counters of the last stats line (fe-engine-log.c) */
+  int have_logged, stats_busy;
   int n_reqs; /* requests routed here and not parked */
 };
 
@@ -189,6 +193,7 @@ struct fe_engine {
 
   uint64_t next_id;    /* scheduler request ids, unique over the replicas */
   uint64_t created_ns; /* monotonic */
+  uint64_t stats_ns;   /* monotonic: the last stats lines */
 
   /* request id -> choice: open addressing, linear probing */
   struct fe_eng_choice **map; /* (map_cap) */
@@ -204,6 +209,17 @@ struct fe_engine {
   struct fe_buf out;
   struct fe_buf tmp;
 };
+
+/* fe-engine-log.c: the operators' lines (fe_engine_config's log_*) */
+/* Request r's prompt pi received: its text (NULL: given as ids), ids and parameters. */
+void fe_eng_log_received(const struct fe_eng_req *r, size_t pi, const char *text, size_t text_len,
+                         const int32_t *ids, size_t n_ids, int64_t max_tokens);
+/* Text ch released, kept for its finished line. */
+void fe_eng_log_keep(struct fe_eng_choice *ch, const char *t, size_t n);
+/* ch finished: its reason, tokens and text. */
+void fe_eng_log_finished(const struct fe_eng_choice *ch);
+/* Each replica's throughput and load since the last lines, once log_stats_s passed. */
+void fe_eng_log_stats(struct fe_engine *e, uint64_t now_ns);
 
 /* fe-engine.c */
 int fe_eng_send(struct fe_replica *p, const struct pr_msg *m);

@@ -311,6 +311,7 @@ static int take_prompt_lps(struct fe_eng_choice *ch, const struct pr_out_seq *s)
 /* Released text into ch->text, through Gemma 4's splitter when the request reads
  * its notation (the content to ch->text; the thought and calls stay in g4_out). */
 static void emit(struct fe_eng_choice *ch, const char *t, size_t n) {
+  fe_eng_log_keep(ch, t, n);
   if (!ch->g4) {
     fe_buf_append(&ch->text, t, n);
     return;
@@ -908,6 +909,7 @@ void fe_eng_on_seq(struct fe_engine *e, struct fe_eng_choice *ch, const struct p
     ch->done = 1;
     ch->finish_reason = hit ? "stop" : finish_name(s->finish);
     r->n_done++;
+    fe_eng_log_finished(ch);
   }
   if (r->stream &&
       (r->api->tool_answer ? 1 /* send_chunk tells */

@@ -69,6 +69,9 @@ struct tok_job {
   char err[320];                  /* the client's error when rc != 0 */
   int gone;                       /* the client left while the thread worked */
   int64_t max_model_len;          /* tokens (0: unknown), for truncate_turns */
+  int keep_render;                /* --enable-log-requests: keep the rendered chat */
+  char *render;                   /* then the chat's text as rendered (malloc'd) */
+  size_t render_len;
 };
 
 /* A message's parts as transformers hands them to a chat template:
@@ -199,6 +202,15 @@ static int job_chat(struct tok_job *j, struct tk_state *st) {
     if (rc) {
       free(text);
       return rc;
+    }
+    if (j->keep_render) { /* the request log's prompt: the chat before its media's tokens */
+      free(j->render);
+      if (!(j->render = malloc(len ? len : 1))) {
+        free(text);
+        return CM_ERR_NOMEM;
+      }
+      memcpy(j->render, text, len);
+      j->render_len = len;
     }
     /* each image marker becomes its image's token run, each audio marker its clip's */
     for (int audio = 0; audio < 2 && !rc; audio++) {
@@ -433,6 +445,7 @@ static void job_free(struct tok_job *j) {
   free(j->n_ids);
   free(j->cap_ids);
   free(j->text);
+  free(j->render);
   if (j->req) {
     fe_api_request_free(j->req);
     free(j->req);
@@ -596,6 +609,7 @@ static int choice_init(struct fe_engine *e, struct fe_eng_req *r, int k, int pro
   ch->prompt_i = prompt_i;
   ch->id = e->next_id++;
   fe_buf_init(&ch->text, 0);
+  fe_buf_init(&ch->logged, 0);
   fe_g4_out_init(&ch->g4_out);
   /* Gemma 4's notation: the markers come as their text (other special tokens are
    * dropped on the way in, fe-engine-out.c) */
@@ -718,6 +732,7 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   }
   j->e = e;
   j->max_model_len = fe_engine_max_model_len(e);
+  j->keep_render = e->cfg.log_requests;
   j->c = c;
   j->tok = e->tok;
   j->chat = e->chat;
@@ -902,6 +917,11 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
       mt = req->max_tokens > 0 ? req->max_tokens : 16;
     }
     if (mt > UINT32_MAX) mt = UINT32_MAX;
+    const struct fe_api_prompt *pp = pi < req->n_prompts ? &req->prompts[pi] : NULL;
+    if (j->render)
+      fe_eng_log_received(r, pi, j->render, j->render_len, ids, n_ids, mt);
+    else
+      fe_eng_log_received(r, pi, pp ? pp->text : NULL, pp ? pp->text_len : 0, ids, n_ids, mt);
     r->n_prompt[pi] = (int64_t)n_ids;
     r->prompt_total += (int64_t)n_ids;
     if (pi == 0) r->max_tokens_param = mt;
@@ -984,6 +1004,7 @@ void fe_eng_req_free(struct fe_eng_req *r) {
     tk_detok_free(ch->detok);
     tk_stop_free(ch->stop);
     fe_buf_free(&ch->text);
+    fe_buf_free(&ch->logged);
     if (ch->g4) fe_g4_split_free(ch->g4);
     free(ch->g4);
     fe_g4_out_free(&ch->g4_out);

@@ -454,6 +454,7 @@ static void on_timer(uv_timer_t *t) {
   parked_tend(e);
   for (int i = 0; i < e->n_rep; i++)
     fe_eng_ping(&e->rep[i]);
+  fe_eng_log_stats(e, now);
 }
 
 /* ---- model files --------------------------------------------------------- */

@@ -72,6 +72,14 @@ struct fe_engine_config {
                                 --enable-prompt-tokens-details) */
   int trust_request_chat_template; /* a chat request's own chat_template is rendered (vLLM's
                                       --trust-request-chat-template); else a 400 */
+  /* vLLM's --enable-log-requests and --enable-log-outputs: an info line for each request
+   * received (its prompts' text and ids, its parameters) and for each choice finished
+   * (its text); --max-log-len N (> 0) cuts each text to N bytes and each id list to N ids */
+  int log_requests, log_outputs;
+  int64_t max_log_len;
+  /* a line of each replica's throughput and load every log_stats_s seconds (vLLM's
+   * stats log; 0: none) */
+  double log_stats_s;
 };
 
 /* Loads the tokenizer and chat template from cfg->model_dir, connects to

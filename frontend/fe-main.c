@@ -196,6 +196,7 @@ int fe_frontend_main(int argc, char **argv) {
   const char *cors_origins = NULL, *cors_methods = NULL, *cors_headers = NULL;
   int cors_credentials = 0, prompt_details = 0, trust_template = 0, no_access_log = 0;
   int id_headers = 0;
+  struct fe_main_log lg = {.stats_s = 10};
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
   uint64_t store_size = 64u << 20; /* bytes: the Responses API's store */
@@ -236,6 +237,7 @@ int fe_frontend_main(int argc, char **argv) {
       {"disable-access-log", CM_OPT_BOOL, &no_access_log, NULL, FE_MAIN_ACCESS_LOG_HELP},
       {"enable-request-id-headers", CM_OPT_BOOL, &id_headers, NULL, FE_MAIN_ID_HEADERS_HELP},
       {"disable-uvicorn-access-log", CM_OPT_BOOL, &no_access_log, NULL, "the same (vLLM's name)"},
+      FE_MAIN_LOG_OPTS(lg),
       {"generation-config", CM_OPT_STR, &gen_config, "auto|vllm|DIR", FE_MAIN_GEN_CONFIG_HELP},
       {"override-generation-config", CM_OPT_STR, &gen_override, "JSON", FE_MAIN_GEN_OVERRIDE_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
@@ -400,6 +402,10 @@ int fe_frontend_main(int argc, char **argv) {
                                     .max_model_len = max_model_len,
                                     .prompt_tokens_details = prompt_details,
                                     .trust_request_chat_template = trust_template,
+                                    .log_requests = lg.requests && !lg.no_requests,
+                                    .log_outputs = lg.outputs,
+                                    .max_log_len = lg.max_len,
+                                    .log_stats_s = lg.no_stats ? 0 : lg.stats_s,
                                     .mm = {.limit = mm_limit,
                                            .audio_limit = audio_limit,
                                            .max_bytes = max_image_bytes,

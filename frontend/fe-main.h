@@ -2,6 +2,7 @@
 #ifndef LMSERVE_FE_MAIN_H
 #define LMSERVE_FE_MAIN_H
 #include <stddef.h>
+#include <stdint.h>
 
 int fe_frontend_main(int argc, char **argv);
 
@@ -31,6 +32,37 @@ int fe_main_chat_template_check(const char *value, char *why, size_t whylen);
         "cross-origin pages may send credentials (cookies, Authorization); the allowed origin "    \
         "is then named, never \"*\""                                                               \
   }
+/* The operators' log lines (fe_engine_config's log_*), flags of serve and frontend. */
+struct fe_main_log {
+  int requests, no_requests, outputs, no_stats;
+  int64_t max_len; /* 0: all */
+  double stats_s;  /* 0: 10 */
+};
+#define FE_MAIN_LOG_OPTS(l)                                                                        \
+  {"enable-log-requests", CM_OPT_BOOL, &(l).requests, NULL,                                        \
+   "an info line for each request received: its prompt's text and token ids and its sampling "     \
+   "parameters (vLLM's flag; without it no prompt is logged)"},                                    \
+      {"disable-log-requests", CM_OPT_BOOL, &(l).no_requests, NULL,                                \
+       "no such line, whatever --enable-log-requests says (vLLM's older flag)"},                   \
+      {"enable-log-outputs", CM_OPT_BOOL, &(l).outputs, NULL,                                      \
+       "an info line for each choice finished: its finish reason, its tokens and its text "        \
+       "(vLLM's flag)"},                                                                           \
+      {"max-log-len",                                                                              \
+       CM_OPT_INT,                                                                                 \
+       &(l).max_len,                                                                               \
+       "N",                                                                                        \
+       "those lines keep each text's first N bytes and each id list's first N ids (default: all)", \
+       1,                                                                                          \
+       INT32_MAX},                                                                                 \
+      {"disable-log-stats", CM_OPT_BOOL, &(l).no_stats, NULL,                                      \
+       "no stats lines (by default each replica's prompt and generation tokens/s, running and "    \
+       "waiting requests, KV cache use and prefix cache hits every --log-stats-interval "          \
+       "seconds: info while it works, debug while idle)"},                                         \
+  {                                                                                                \
+    "log-stats-interval", CM_OPT_DOUBLE, &(l).stats_s, "S", "seconds between stats lines (10)", 0, \
+        0, 0.1, 86400                                                                              \
+  }
+
 /* 0 when the CORS lists are JSON lists of names, else the reason in why. */
 int fe_main_cors_check(const char *origins, const char *methods, const char *headers, char *why,
                        size_t whylen);

@@ -11,6 +11,7 @@
 
 #include "common/cm-arena.h"
 #include "common/cm-args.h"
+#include "frontend/fe-main.h"
 #include "proto/pr-zmq.h"
 
 #define TL_MAX_DP 8 /* model replicas (--data-parallel-size) */
@@ -76,6 +77,7 @@ struct tl_serve {
   int trust_template;                      /* the frontend's --trust-request-chat-template */
   int no_access_log;                       /* the frontend's --disable-access-log */
   int id_headers;                          /* the frontend's --enable-request-id-headers */
+  struct fe_main_log log;                  /* the frontend's log flags (FE_MAIN_LOG_OPTS) */
   const char *ssl_key, *ssl_cert, *ssl_ca; /* the frontend's HTTPS (--ssl-*) */
   char ssl_abs[3][PATH_MAX];               /* their absolute paths, which those point to */
   int64_t dp; /* model replicas, each a scheduler and its worker group */

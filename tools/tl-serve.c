@@ -315,6 +315,12 @@ static int start_frontend(struct tl_serve *s) {
   if (s->trust_template) argv_add(&f, "--trust-request-chat-template");
   if (s->no_access_log) argv_add(&f, "--disable-access-log");
   if (s->id_headers) argv_add(&f, "--enable-request-id-headers");
+  if (s->log.requests) argv_add(&f, "--enable-log-requests");
+  if (s->log.no_requests) argv_add(&f, "--disable-log-requests");
+  if (s->log.outputs) argv_add(&f, "--enable-log-outputs");
+  if (s->log.max_len) argv_add_int(&f, "--max-log-len", s->log.max_len);
+  if (s->log.no_stats) argv_add(&f, "--disable-log-stats");
+  argv_add_fmt(&f, "--log-stats-interval", "%.17g", s->log.stats_s);
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
   argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
   argv_add_str(&f, "--responses-store-size", s->responses_store);
@@ -360,6 +366,8 @@ int tl_serve_main(int argc, char **argv) {
   static char spec_buf[4096];                       /* --speculative-config's model, as long too */
   const char *spec_cfg = NULL;
   int spec_k_seen = 0;
+  int vllm_flag = 0;           /* vLLM's flags that change nothing here */
+  const char *vllm_str = NULL; /* (and those with a value) */
   struct tl_serve s = {
       .served_names = &served_names,
       .lora_modules = &lora_modules,
@@ -381,6 +389,7 @@ int tl_serve_main(int argc, char **argv) {
       .beat_s = 1.0,
       .beat_limit = 3,
       .max_start_failures = 5,
+      .log = {.stats_s = 10},
   };
   const struct cm_opt opts[] = {
       {"model", CM_OPT_STR, &s.model, "PATH",
@@ -415,6 +424,24 @@ int tl_serve_main(int argc, char **argv) {
       {"disable-access-log", CM_OPT_BOOL, &s.no_access_log, NULL, FE_MAIN_ACCESS_LOG_HELP},
       {"enable-request-id-headers", CM_OPT_BOOL, &s.id_headers, NULL, FE_MAIN_ID_HEADERS_HELP},
       {"disable-uvicorn-access-log", CM_OPT_BOOL, &s.no_access_log, NULL, "the same (vLLM's name)"},
+      FE_MAIN_LOG_OPTS(s.log),
+      /* vLLM's flags for what is so here whatever they say: taken so that its command
+       * lines run as they are */
+      {"trust-remote-code", CM_OPT_BOOL, &vllm_flag, NULL,
+       "taken for vLLM's command lines: no code from a checkpoint ever runs here"},
+      {"enable-chunked-prefill", CM_OPT_BOOL, &vllm_flag, NULL,
+       "taken for vLLM's command lines: prompts longer than a step's budget are always cut "
+       "into chunks"},
+      {"enable-auto-tool-choice", CM_OPT_BOOL, &vllm_flag, NULL,
+       "taken for vLLM's command lines: tool_choice \"auto\" is always served"},
+      {"tool-call-parser", CM_OPT_STR, &vllm_str, "NAME",
+       "taken for vLLM's command lines: the model's own call format is read whatever NAME says "
+       "(Gemma 4's native calls; Gemma 3's JSON calls)"},
+      {"reasoning-parser", CM_OPT_STR, &vllm_str, "NAME",
+       "taken for vLLM's command lines: Gemma 4's thinking channel is always read as "
+       "reasoning_content"},
+      {"disable-fastapi-docs", CM_OPT_BOOL, &vllm_flag, NULL,
+       "taken for vLLM's command lines: no API docs pages are served"},
       {"generation-config", CM_OPT_STR, &s.gen_config, "auto|vllm|DIR", FE_MAIN_GEN_CONFIG_HELP},
       {"override-generation-config", CM_OPT_STR, &s.gen_override, "JSON",
        FE_MAIN_GEN_OVERRIDE_HELP},

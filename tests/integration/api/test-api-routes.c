@@ -531,6 +531,147 @@ TH_TEST(api_access_log_off) {
   }
 }
 
+/* The lines of serve's log `s` that hold `what`, appended to out (NUL-terminated);
+ * how many. */
+static int log_lines(const struct as_server *s, const char *what, char *out, size_t size) {
+  FILE *f = fopen(s->log, "r");
+  TH_REQUIRE(f != NULL);
+  static char line[1 << 16];
+  int n = 0;
+  size_t at = 0;
+  out[0] = 0;
+  while (fgets(line, sizeof(line), f))
+    if (strstr(line, what)) {
+      n++;
+      int w = snprintf(out + at, size - at, "%s", line);
+      at += w > 0 && (size_t)w < size - at ? (size_t)w : 0;
+    }
+  fclose(f);
+  return n;
+}
+
+/* The JSON string at p (then optionally " (+N bytes)"): its text into out, N into
+ * *more (0 without); the end of what was read. */
+static const char *logged_text(const char *p, char *out, size_t size, long *more) {
+  json_error_t je;
+  json_t *v = json_loads(p, JSON_DECODE_ANY | JSON_DISABLE_EOF_CHECK, &je);
+  TH_REQUIRE(json_is_string(v));
+  snprintf(out, size, "%s", json_string_value(v));
+  json_decref(v);
+  p += je.position;
+  *more = 0;
+  if (!strncmp(p, " (+", 3)) {
+    *more = strtol(p + 3, (char **)&p, 10);
+    TH_CHECK(!strncmp(p, " bytes)", 7));
+    p += 7;
+  }
+  return p;
+}
+
+/* vLLM's --enable-log-requests, --enable-log-outputs and --max-log-len: a line for the
+ * request received (its prompt's text and ids as /tokenize has them, cut at N bytes
+ * and N ids, and its parameters) and one for each choice finished (its text as the
+ * answer has it, cut the same way); the stats lines every --log-stats-interval. */
+TH_TEST(api_request_log) {
+  struct as_server s = {0};
+  as_start(&s, 0,
+           (char *[]){"--enable-log-requests", "--enable-log-outputs", "--max-log-len", "12",
+                      "--log-stats-interval", "0.3", NULL});
+  const char *prompt = "Hello \"there\"\nfriend, a prompt of a few more words";
+  json_t *q = json_pack("{s:s, s:i, s:i, s:[s]}", "prompt", prompt, "max_tokens", 6, "seed", 7,
+                        "stop", "zz\"z");
+  char *body = json_dumps(q, 0);
+  struct as_resp r;
+  as_request(&s, "POST", "/v1/completions", "X-Request-Id: logged-1\r\n", body, &r);
+  TH_REQUIRE(r.status == 200);
+  json_t *a = as_json(&r);
+  as_resp_free(&r);
+  const char *text =
+      json_string_value(json_object_get(json_array_get(json_object_get(a, "choices"), 0), "text"));
+  TH_REQUIRE(text != NULL);
+  json_t *tq = json_pack("{s:s}", "prompt", prompt);
+  char *tbody = json_dumps(tq, 0);
+  as_post(&s, "/tokenize", tbody, &r);
+  TH_REQUIRE(r.status == 200);
+  json_t *tok = as_json(&r);
+  as_resp_free(&r);
+  json_t *ids = json_object_get(tok, "tokens");
+  TH_REQUIRE(json_array_size(ids) > 12);
+
+  static char lines[1 << 17];
+  int got = 0;
+  for (int tries = 0; tries < 50 && !got; tries++) { /* (written as it answers) */
+    got = log_lines(&s, "request cmpl-logged-1 choice 0 finished", lines, sizeof(lines));
+    if (!got) cm_time_sleep_ns(100000000ull);
+  }
+  TH_CHECK_EQ_INT(got, 1);
+  char shown[256];
+  long more;
+  /* the answer's text: its first 12 bytes at most, a character's end, and the rest counted */
+  const char *p = strstr(lines, "finished (length): 6 tokens, ");
+  TH_REQUIRE(p != NULL);
+  logged_text(p + strlen("finished (length): 6 tokens, "), shown, sizeof(shown), &more);
+  size_t sl = strlen(shown);
+  TH_CHECK(sl <= 12 && (sl >= 9 || sl == strlen(text)));
+  TH_CHECK(!strncmp(shown, text, sl));
+  TH_CHECK_EQ_INT(more, (long)(strlen(text) - sl));
+
+  TH_CHECK_EQ_INT(log_lines(&s, "request cmpl-logged-1 received: prompt ", lines, sizeof(lines)),
+                  1);
+  p = strstr(lines, "received: prompt ") + strlen("received: prompt ");
+  p = logged_text(p, shown, sizeof(shown), &more);
+  TH_CHECK_EQ_STR(shown, "Hello \"there");
+  TH_CHECK_EQ_INT(more, (long)(strlen(prompt) - 12));
+  char want[512];
+  int w = snprintf(want, sizeof(want), ", %zu tokens [", json_array_size(ids));
+  for (size_t i = 0; i < 12; i++)
+    w += snprintf(want + w, sizeof(want) - (size_t)w, "%s%lld", i ? ", " : "",
+                  (long long)json_integer_value(json_array_get(ids, i)));
+  snprintf(want + w, sizeof(want) - (size_t)w, "] (+%zu), params {", json_array_size(ids) - 12);
+  TH_CHECK(!strncmp(p, want, strlen(want)));
+  TH_CHECK(strstr(p, "\"max_tokens\":6,") && strstr(p, "\"seed\":7,") &&
+           strstr(p, "\"stop\":[\"zz\\\"z\"]"));
+
+  /* the stats: the request's tokens in one interval's rates */
+  got = 0;
+  for (int tries = 0; tries < 50 && !got; tries++) {
+    log_lines(&s, "replica 0: prompt ", lines, sizeof(lines));
+    for (const char *l = lines; l && *l && !got; l = strchr(l + 1, '\n')) {
+      const char *at = strstr(l, "replica 0: prompt ");
+      double pr = 0, ge = 0;
+      if (at &&
+          sscanf(at, "replica 0: prompt %lf tokens/s, generation %lf tokens/s", &pr, &ge) == 2)
+        got = pr > 0 && ge > 0;
+    }
+    if (!got) cm_time_sleep_ns(100000000ull);
+  }
+  TH_CHECK(got);
+  as_stop(&s);
+  free(body);
+  free(tbody);
+  json_decref(q);
+  json_decref(tq);
+  json_decref(a);
+  json_decref(tok);
+
+  /* vLLM's older --disable-log-requests wins; --disable-log-stats; and the flags vLLM's
+   * command lines carry that change nothing here are taken */
+  struct as_server s2 = {0};
+  as_start(&s2, 0,
+           (char *[]){"--enable-log-requests", "--disable-log-requests", "--disable-log-stats",
+                      "--log-stats-interval", "0.2", "--trust-remote-code",
+                      "--enable-chunked-prefill", "--enable-auto-tool-choice", "--tool-call-parser",
+                      "gemma4", "--reasoning-parser", "gemma4", "--disable-fastapi-docs", NULL});
+  as_post(&s2, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", &r);
+  TH_CHECK_EQ_INT(r.status, 200);
+  as_resp_free(&r);
+  cm_time_sleep_ns(800000000ull);
+  as_stop(&s2);
+  TH_CHECK_EQ_INT(log_lines(&s2, "received: prompt", lines, sizeof(lines)), 0);
+  TH_CHECK_EQ_INT(log_lines(&s2, "finished (", lines, sizeof(lines)), 0);
+  TH_CHECK_EQ_INT(log_lines(&s2, "replica 0: prompt", lines, sizeof(lines)), 0);
+}
+
 TH_TEST(api_routes_stop) {
   as_stop(server());
 }
