@@ -1755,6 +1755,8 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
   switch (r->kind) {
   case FE_API_COMPLETION:
     if ((rc = parse_prompt(p, body))) return rc;
+    /* vLLM's: <bos> before each text prompt (true), or not (a prompt that holds it) */
+    if ((rc = get_bool(p, body, "add_special_tokens", &r->add_special_tokens))) return rc;
     break;
   case FE_API_CHAT:
     if ((rc = parse_template_kwargs(p, body, cfg))) return rc;
@@ -1763,6 +1765,8 @@ static int parse_body(struct pctx *p, json_t *body, const struct fe_api_config *
     if ((rc = parse_messages(p, body))) return rc;
     if ((rc = parse_mm_kwargs(p, body))) return rc;
     if ((rc = parse_generation_prompt(p, body))) return rc;
+    /* vLLM's: special tokens besides the template's (false: the template writes <bos>) */
+    if ((rc = get_bool(p, body, "add_special_tokens", &r->add_special_tokens))) return rc;
     break;
   case FE_API_TOKENIZE:
     if (json_object_get(body, "messages")) {

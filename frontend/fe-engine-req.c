@@ -203,6 +203,11 @@ static int job_chat(struct tok_job *j, struct tk_state *st) {
       free(text);
       return rc;
     }
+    if (req->template_only) { /* /apply-template: the text is the answer */
+      j->text = text;
+      j->text_len = len;
+      return 0;
+    }
     if (j->keep_render) { /* the request log's prompt: the chat before its media's tokens */
       free(j->render);
       if (!(j->render = malloc(len ? len : 1))) {
@@ -407,7 +412,8 @@ static void job_run(uv_work_t *w) {
   }
   /* then the images and clips: the cheaper refusal. Gemma 4's images and every
    * clip decide their token counts, so /tokenize decodes them too */
-  if (req->n_images && (req->kind == FE_API_CHAT || j->mm->g4 || req->n_audio)) {
+  if (req->n_images && !req->template_only &&
+      (req->kind == FE_API_CHAT || j->mm->g4 || req->n_audio)) {
     if (!(j->imgs = calloc(req->n_images, sizeof(*j->imgs)))) {
       j->rc = CM_ERR_NOMEM;
       return;
@@ -476,7 +482,9 @@ static void answer_tokens(struct fe_engine *e, struct fe_conn *c, struct tok_job
                    "tokens");
     return;
   }
-  if (req->anthropic == FE_API_ANTHROPIC_COUNT) { /* /v1/messages/count_tokens */
+  if (req->template_only) {
+    fe_api_write_detokenize(b, j->text ? j->text : "", j->text_len); /* {"prompt": TEXT} */
+  } else if (req->anthropic == FE_API_ANTHROPIC_COUNT) {             /* /v1/messages/count_tokens */
     fe_buf_puts(b, "{\"input_tokens\":");
     fe_buf_i64(b, (int64_t)j->n_ids[0]);
     fe_buf_puts(b, "}");

@@ -498,6 +498,24 @@ static void on_tokenize(struct fe_router *r, struct fe_conn *c, const char *b, s
 static void on_detokenize(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
   on_engine(r, c, b, n, FE_API_DETOKENIZE);
 }
+/* POST /apply-template (llama.cpp's): the chat of a /tokenize request's messages as
+ * the template renders it, {"prompt": TEXT}, which /v1/completions then takes as it is */
+static void on_apply_template(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  struct fe_api_config acfg = api_config(r);
+  struct fe_api_request req;
+  struct fe_api_error err;
+  if (fe_api_parse_request(FE_API_TOKENIZE, b, n, &acfg, &req, &err) != 0) {
+    reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
+    return;
+  }
+  if (!req.n_messages) {
+    fe_api_request_free(&req);
+    reply_error(r, c, 400, "'messages' is required: the chat to render", "messages");
+    return;
+  }
+  req.template_only = 1;
+  submit(r, c, req);
+}
 
 static const struct route routes[] = {
     {"GET", "/health", on_health, 1, 0},
@@ -520,6 +538,7 @@ static const struct route routes[] = {
     {"POST", "/v1/audio/translations", on_translations, 0, 0},
     {"POST", "/tokenize", on_tokenize, 0, 0},
     {"POST", "/detokenize", on_detokenize, 0, 0},
+    {"POST", "/apply-template", on_apply_template, 0, 0},
 };
 #define N_ROUTES (sizeof(routes) / sizeof(routes[0]))
 

@@ -531,6 +531,60 @@ TH_TEST(api_access_log_off) {
   }
 }
 
+/* POST /apply-template (llama.cpp's): the chat as Gemma 4's template writes it
+ * (MODELS.md's turns), which /v1/completions then takes without a second <bos>: its
+ * prompt ids and greedy answer are the chat completion's. */
+TH_TEST(api_apply_template) {
+  static const char msgs[] = "[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                             "{\"role\":\"user\",\"content\":\"Hi \\\"you\\\"\\n\"}]";
+  char body[1024];
+  snprintf(body, sizeof(body), "{\"messages\":%s}", msgs);
+  json_t *j = post_json("/apply-template", body, 200);
+  const char *prompt = json_string_value(json_object_get(j, "prompt"));
+  TH_REQUIRE(prompt != NULL);
+  /* Gemma 3's turns: the system text leads the first user turn */
+  TH_CHECK_EQ_STR(prompt, "<bos><start_of_turn>user\nBe brief.\n\nHi \"you\"<end_of_turn>\n"
+                          "<start_of_turn>model\n");
+  json_t *done = post_json("/apply-template",
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                           "\"add_generation_prompt\":false}",
+                           200);
+  TH_CHECK_EQ_STR(or_empty(json_string_value(json_object_get(done, "prompt"))),
+                  "<bos><start_of_turn>user\nHi<end_of_turn>\n");
+  json_decref(done);
+
+  /* the text as a completion's prompt: the chat's prompt ids and greedy tokens */
+  json_t *cq = json_pack("{s:s, s:b, s:i, s:i, s:b}", "prompt", prompt, "add_special_tokens", 0,
+                         "max_tokens", 6, "temperature", 0, "return_token_ids", 1);
+  char *cbody = json_dumps(cq, 0);
+  json_t *comp = post_json("/v1/completions", cbody, 200);
+  snprintf(body, sizeof(body),
+           "{\"messages\":%s,\"max_tokens\":6,\"temperature\":0,\"return_token_ids\":true,"
+           "\"skip_special_tokens\":false}",
+           msgs);
+  json_t *chat = post_json("/v1/chat/completions", body, 200);
+  json_t *c0 = json_array_get(json_object_get(comp, "choices"), 0),
+         *h0 = json_array_get(json_object_get(chat, "choices"), 0);
+  json_t *cp = json_object_get(c0, "prompt_token_ids"),
+         *hp = json_object_get(chat, "prompt_token_ids");
+  TH_REQUIRE(json_array_size(cp) > 8);
+  TH_CHECK(json_equal(cp, hp));
+  TH_CHECK(json_equal(json_object_get(c0, "token_ids"), json_object_get(h0, "token_ids")));
+  TH_CHECK_EQ_INT(json_array_size(json_object_get(c0, "token_ids")), 6);
+  free(cbody);
+  json_decref(cq);
+  json_decref(comp);
+  json_decref(chat);
+  json_decref(j);
+
+  /* what it refuses, as /tokenize does, and without messages */
+  json_decref(post_json("/apply-template", "{\"prompt\":\"Hi\"}", 400));
+  json_decref(post_json("/apply-template", "{\"messages\":[]}", 400));
+  json_decref(post_json("/apply-template",
+                        "{\"messages\":[{\"role\":\"nobody\",\"content\":\"x\"}]}", 400));
+  json_decref(post_json("/apply-template", "not json", 400));
+}
+
 /* The lines of serve's log `s` that hold `what`, appended to out (NUL-terminated);
  * how many. */
 static int log_lines(const struct as_server *s, const char *what, char *out, size_t size) {
