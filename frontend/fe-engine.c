@@ -865,6 +865,31 @@ static const struct fe_api_model *hook_model(void *ud) {
   return &e->model;
 }
 
+static void hook_props(void *ud, struct fe_buf *b) {
+  const struct fe_engine *e = ud;
+  size_t n = 0;
+  const char *s;
+  fe_buf_puts(b, "\"model_path\":");
+  fe_buf_json_str(b, e->model_dir, strlen(e->model_dir));
+  fe_buf_printf(b, ",\"modalities\":{\"vision\":%s,\"audio\":%s},\"chat_template\":",
+                e->mm.enabled ? "true" : "false", e->mm.audio ? "true" : "false");
+  if (e->chat && (s = tk_chat_source(e->chat, &n)) != NULL)
+    fe_buf_json_str(b, s, n);
+  else
+    fe_buf_puts(b, "null");
+  const int32_t ids[2] = {tk_bos(e->tok), tk_eos(e->tok)};
+  static const char *const keys[2] = {"bos_token", "eos_token"};
+  for (int k = 0; k < 2; k++) {
+    fe_buf_printf(b, ",\"%s\":", keys[k]);
+    s = ids[k] >= 0 ? tk_token_str(e->tok, ids[k], &n) : NULL;
+    if (s)
+      fe_buf_json_str(b, s, n);
+    else
+      fe_buf_puts(b, "null");
+  }
+  fe_buf_puts(b, ",");
+}
+
 static int hook_ready(void *ud) {
   return fe_engine_ready(ud);
 }
@@ -879,5 +904,6 @@ void fe_engine_hooks_get(struct fe_engine *e, struct fe_engine_hooks *out) {
   out->submit = fe_eng_submit;
   out->max_model_len = hook_max_model_len;
   out->model = hook_model;
+  out->props = hook_props;
   out->ud = e;
 }

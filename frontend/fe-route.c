@@ -15,6 +15,7 @@
 #include "frontend/fe-http-buf.h"
 #include "frontend/fe-rstore.h"
 #include "lmserve-config.h"
+#include "model/md-config.h"
 
 #define MAX_KEYS 256 /* API keys */
 
@@ -105,6 +106,32 @@ static void reply_json(struct fe_router *r, struct fe_conn *c, struct fe_buf *b)
     reply_error(r, c, 500, "out of memory", NULL);
   else
     reply(r, c, 200, "application/json", NULL, b->data, b->len);
+}
+
+/* GET /props (llama.cpp's): the defaults a request gets, the context, the model's
+ * names and what its checkpoint gives (the engine's part). */
+static void on_props(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
+  const struct md_sampling *d = r->cfg.defaults;
+  const unsigned has = d ? d->has : 0;
+  struct fe_buf *b = &r->scratch;
+  fe_buf_reset(b);
+  fe_buf_puts(b, "{\"default_generation_settings\":{\"n_ctx\":");
+  fe_buf_i64(b, max_model_len(r));
+  fe_buf_puts(b, ",\"params\":{\"n_predict\":");
+  fe_buf_i64(b, has & MD_SAMPLE_MAX_TOKENS ? d->max_tokens : -1);
+  fe_buf_printf(b,
+                ",\"seed\":-1,\"temperature\":%.17g,\"top_k\":%d,\"top_p\":%.17g,\"min_p\":%.17g,"
+                "\"repeat_penalty\":%.17g,\"presence_penalty\":0,\"frequency_penalty\":0}},",
+                has & MD_SAMPLE_TEMPERATURE ? d->temperature : 1.0,
+                has & MD_SAMPLE_TOP_K ? (int)d->top_k : -1, has & MD_SAMPLE_TOP_P ? d->top_p : 1.0,
+                has & MD_SAMPLE_MIN_P ? d->min_p : 0.0,
+                has & MD_SAMPLE_REPETITION_PENALTY ? d->repetition_penalty : 1.0);
+  fe_buf_puts(b, "\"model_alias\":");
+  fe_buf_json_str(b, r->model_name, strlen(r->model_name));
+  fe_buf_puts(b, ",");
+  if (r->hooks.props) r->hooks.props(r->hooks.ud, b);
+  fe_buf_puts(b, "\"build_info\":\"lmserve " LMSERVE_VERSION "\"}");
+  reply_json(r, c, b);
 }
 
 static void on_models(struct fe_router *r, struct fe_conn *c, const char *body, size_t len) {
@@ -522,6 +549,7 @@ static const struct route routes[] = {
     {"GET", "/ping", on_health, 1, 0}, /* vLLM's (SageMaker's) name for /health */
     {"POST", "/ping", on_health, 1, 0},
     {"GET", "/version", on_version, 0, 0},
+    {"GET", "/props", on_props, 0, 0}, /* llama.cpp's */
     {"GET", "/v1/models", on_models, 0, 0},
     {"GET", "/v1/models/*", on_model, 0, 0}, /* any model's name after the slash */
     {"GET", "/metrics", on_metrics, 0, 0},

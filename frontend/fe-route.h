@@ -3,6 +3,8 @@
  *
  *   GET  /health               200 once the engine's ready hook says so, 503 before
  *   GET  /version              {"version": "..."}
+ *   GET  /props                llama.cpp's: the context, sampling defaults, names and
+ *                              what the checkpoint gives (the engine's props hook)
  *   GET  /v1/models            the served model with its max_model_len (the
  *                              engine's once it reported one)
  *   GET  /metrics              Prometheus text
@@ -40,6 +42,10 @@ struct fe_engine_hooks {
   /* What the checkpoint offers (Gemma 4's markers, native tools) for request
    * parsing; NULL: nothing known. */
   const struct fe_api_model *(*model)(void *ud);
+  /* GET /props: the engine's members of the object (`"key":value,` each, comma
+   * after), what the checkpoint gives: its path, chat template, BOS and EOS tokens,
+   * and which media it takes; NULL: none. */
+  void (*props)(void *ud, struct fe_buf *out);
 };
 
 struct fe_route_config {

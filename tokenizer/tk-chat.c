@@ -13,13 +13,21 @@
 struct tk_chat {
   struct tk_jinja *tmpl;
   json_t *tokens; /* {"bos_token": "<bos>", ...} */
+  char *src;      /* the template's text (NUL-terminated) */
+  size_t src_len;
 };
 
 void tk_chat_free(struct tk_chat *c) {
   if (!c) return;
+  free(c->src);
   tk_jinja_free(c->tmpl);
   json_decref(c->tokens);
   free(c);
+}
+
+const char *tk_chat_source(const struct tk_chat *c, size_t *len) {
+  *len = c->src_len;
+  return c->src;
 }
 
 /* Collects the *_token entries of a tokenizer_config object. */
@@ -43,6 +51,12 @@ int tk_chat_from_string(const char *tmpl, size_t len, json_t *config, struct tk_
   if (!c) return CM_ERR_NOMEM;
   int rc = tk_jinja_parse(tmpl, len, &c->tmpl, errbuf, errlen);
   if (!rc && !(c->tokens = special_tokens(config))) rc = CM_ERR_NOMEM;
+  if (!rc && !(c->src = malloc(len + 1))) rc = CM_ERR_NOMEM;
+  if (!rc) {
+    memcpy(c->src, tmpl, len);
+    c->src[len] = 0;
+    c->src_len = len;
+  }
   if (rc) {
     tk_chat_free(c);
     return rc;

@@ -29,6 +29,8 @@ int tk_chat_load(const char *path, struct tk_chat **out, char *errbuf, size_t er
 int tk_chat_from_string(const char *tmpl, size_t len, json_t *config, struct tk_chat **out,
                         char *errbuf, size_t errlen);
 void tk_chat_free(struct tk_chat *c);
+/* The template's text, *len its bytes. */
+const char *tk_chat_source(const struct tk_chat *c, size_t *len);
 
 /* A --chat-template value, read as vLLM reads its flag: the text of the file
  * it names, else the value itself when it holds a template's characters ({,

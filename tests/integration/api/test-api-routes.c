@@ -531,6 +531,65 @@ TH_TEST(api_access_log_off) {
   }
 }
 
+/* GET /props (llama.cpp's): the context, the names, the checkpoint's chat template as
+ * tokenizer_config.json holds it, Gemma's <bos> and <eos> (MODELS.md), and the sampling
+ * defaults of its generation_config.json where it has them. */
+TH_TEST(api_props) {
+  struct as_resp r;
+  as_get(server(), "/props", &r);
+  TH_CHECK_EQ_INT(r.status, 200);
+  json_t *j = as_json(&r);
+  as_resp_free(&r);
+  json_t *dg = json_object_get(j, "default_generation_settings");
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(dg, "n_ctx")), MAX_POS);
+  TH_CHECK_EQ_STR(or_empty(json_string_value(json_object_get(j, "model_alias"))), NAME);
+  TH_CHECK_EQ_STR(or_empty(json_string_value(json_object_get(j, "model_path"))), server()->model);
+  TH_CHECK_EQ_STR(or_empty(json_string_value(json_object_get(j, "bos_token"))), "<bos>");
+  TH_CHECK_EQ_STR(or_empty(json_string_value(json_object_get(j, "eos_token"))), "<eos>");
+  TH_CHECK(json_is_false(json_object_get(json_object_get(j, "modalities"), "audio")));
+  TH_CHECK(json_is_string(json_object_get(j, "build_info")));
+  char path[1024];
+  snprintf(path, sizeof(path), "%s/tokenizer_config.json", server()->model);
+  json_t *tc = json_load_file(path, 0, NULL);
+  TH_REQUIRE(json_is_string(json_object_get(tc, "chat_template")));
+  TH_CHECK(json_equal(json_object_get(j, "chat_template"), json_object_get(tc, "chat_template")));
+  json_decref(tc);
+  /* the defaults a request gets: generation_config.json's, else OpenAI's */
+  snprintf(path, sizeof(path), "%s/generation_config.json", server()->model);
+  json_t *gc = json_load_file(path, 0, NULL);
+  json_t *pa = json_object_get(dg, "params");
+  static const char *const keys[][2] = {{"temperature", "temperature"},
+                                        {"top_p", "top_p"},
+                                        {"top_k", "top_k"},
+                                        {"min_p", "min_p"},
+                                        {"repetition_penalty", "repeat_penalty"}};
+  static const double openai[] = {1, 1, -1, 0, 1};
+  for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+    json_t *g = json_object_get(gc, keys[k][0]);
+    double want = json_is_number(g) ? json_number_value(g) : openai[k];
+    TH_CHECK(json_number_value(json_object_get(pa, keys[k][1])) == want);
+  }
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(pa, "n_predict")), -1);
+  json_decref(gc);
+  json_decref(j);
+  /* the defaults as --override-generation-config sets them */
+  struct as_server s2 = {0};
+  as_start(&s2, 0,
+           (char *[]){"--override-generation-config",
+                      "{\"temperature\":0.5,\"top_k\":64,\"max_new_tokens\":100}", NULL});
+  as_get(&s2, "/props", &r);
+  TH_CHECK_EQ_INT(r.status, 200);
+  j = as_json(&r);
+  as_resp_free(&r);
+  as_stop(&s2);
+  pa = json_object_get(json_object_get(j, "default_generation_settings"), "params");
+  TH_CHECK(json_number_value(json_object_get(pa, "temperature")) == 0.5);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(pa, "top_k")), 64);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(pa, "n_predict")), 100);
+  TH_CHECK(json_number_value(json_object_get(pa, "top_p")) == 1);
+  json_decref(j);
+}
+
 /* POST /apply-template (llama.cpp's): the chat as Gemma 4's template writes it
  * (MODELS.md's turns), which /v1/completions then takes without a second <bos>: its
  * prompt ids and greedy answer are the chat completion's. */
