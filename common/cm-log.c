@@ -1,6 +1,7 @@
 /* cm-log.c — the logger behind cm-log.h. */
 #include "common/cm-log.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,14 +71,21 @@ void cm_log_text(enum cm_log_level level, const char *tag, const char *text, siz
   if (!CM_LOG_ENABLED(level)) return;
   char head[256];
   int n = line_head(head, sizeof(head), level, tag);
-  char *line = n < 0 ? NULL : malloc((size_t)n + len + 1);
+  if (n < 0) return;
+  if ((size_t)n >= sizeof(head)) n = (int)sizeof(head) - 1; /* (a tag past 200 bytes) */
+  size_t total = (size_t)n + len + 1;
+  char *line = malloc(total);
   if (!line) return;
   memcpy(line, head, (size_t)n);
   for (size_t i = 0; i < len; i++) /* one event, one line */
     line[(size_t)n + i] = text[i] == '\n' || text[i] == '\r' ? ' ' : text[i];
-  line[(size_t)n + len] = '\n';
-  ssize_t w = write(STDERR_FILENO, line, (size_t)n + len + 1);
-  (void)w;
+  line[total - 1] = '\n';
+  for (size_t at = 0; at < total;) { /* the whole line, however the writes go */
+    ssize_t w = write(STDERR_FILENO, line + at, total - at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    at += (size_t)w;
+  }
   free(line);
 }
 

@@ -29,7 +29,8 @@ void cm_log_write(enum cm_log_level level, const char *tag, const char *fmt, ...
     __attribute__((format(printf, 3, 4)));
 
 /* One event of any length (cm_log_write cuts at 2 KiB): text[0..len) as its line,
- * written with one write(2) where the level is enabled. */
+ * its newlines folded, where the level is enabled. A line longer than PIPE_BUF (4 KiB)
+ * may interleave with other processes' lines on a shared pipe. */
 void cm_log_text(enum cm_log_level level, const char *tag, const char *text, size_t len);
 
 #define CM_LOG_ENABLED(lvl) ((lvl) <= cm_log_get_level())

@@ -191,6 +191,7 @@ static void finish(struct fe_eng_req *r, size_t pi) {
       ch->done = 1;
       ch->finish_reason = "length";
       r->n_done++;
+      fe_eng_log_finished(ch);
       continue;
     }
     const struct beam *b = &bs->fin[j];

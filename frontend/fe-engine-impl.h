@@ -210,6 +210,12 @@ struct fe_engine {
   struct fe_buf tmp;
 };
 
+/* Whether PONG b comes from another scheduler than PONG a, on the same endpoint: its
+ * totals, which only grow, went down. */
+static inline int fe_eng_pong_restarted(const struct pr_pong *a, const struct pr_pong *b) {
+  return b->generation_tokens < a->generation_tokens || b->prompt_tokens < a->prompt_tokens;
+}
+
 /* fe-engine-log.c: the operators' lines (fe_engine_config's log_*) */
 /* Request r's prompt pi received: its text (NULL: given as ids), ids and parameters. */
 void fe_eng_log_received(const struct fe_eng_req *r, size_t pi, const char *text, size_t text_len,

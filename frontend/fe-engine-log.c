@@ -22,12 +22,7 @@
 /* text[0..len) as a JSON string, at most max bytes of it (0: all), then how many
  * of the text's total bytes (len or more: what was not kept) are left out. */
 static void put_text(struct fe_buf *b, const char *text, size_t len, size_t total, int64_t max) {
-  size_t n = len;
-  if (max > 0 && n > (size_t)max) {
-    n = (size_t)max;
-    while (n > 0 && ((unsigned char)text[n] & 0xC0) == 0x80) /* not inside a character */
-      n--;
-  }
+  size_t n = max > 0 && len > (size_t)max ? fe_utf8_whole(text, (size_t)max) : len;
   fe_buf_json_str(b, text, n);
   if (n < total) fe_buf_printf(b, " (+%zu bytes)", total - n);
 }
@@ -105,11 +100,6 @@ void fe_eng_log_finished(const struct fe_eng_choice *ch) {
   fe_buf_free(&b);
 }
 
-/* b - a for a cumulative counter of the scheduler's (a smaller b: it restarted). */
-static double grew(uint64_t a, uint64_t b) {
-  return (double)(b >= a ? b - a : b);
-}
-
 void fe_eng_log_stats(struct fe_engine *e, uint64_t now) {
   if (e->cfg.log_stats_s <= 0) return;
   if (!e->stats_ns) e->stats_ns = now;
@@ -118,15 +108,23 @@ void fe_eng_log_stats(struct fe_engine *e, uint64_t now) {
   e->stats_ns = now;
   for (int i = 0; i < e->n_rep; i++) {
     struct fe_replica *p = &e->rep[i];
-    if (!p->have_pong) continue;
-    const struct pr_pong *a = &p->logged_pong, *g = &p->last_pong;
+    /* a replica not heard from lately has nothing to say (fe_eng_lost warned) */
+    if (!p->have_pong || now - p->last_pong_ns > (uint64_t)e->cfg.dead_ms * 1000000ull) {
+      p->stats_busy = 0;
+      continue;
+    }
+    const struct pr_pong *g = &p->last_pong;
+    /* the counters since the last line: since 0 when the scheduler restarted */
+    struct pr_pong zero;
+    memset(&zero, 0, sizeof(zero));
+    const struct pr_pong *a =
+        p->have_logged && !fe_eng_pong_restarted(&p->logged_pong, g) ? &p->logged_pong : &zero;
     const int had = p->have_logged;
-    double prompt = had ? grew(a->prompt_tokens, g->prompt_tokens) : 0,
-           gen = had ? grew(a->generation_tokens, g->generation_tokens) : 0,
-           queries = had ? grew(a->prefix_cache_queries, g->prefix_cache_queries) : 0,
-           hits = had ? grew(a->prefix_cache_hits, g->prefix_cache_hits) : 0,
-           drafts = had ? grew(a->spec_num_draft_tokens, g->spec_num_draft_tokens) : 0,
-           accepted = had ? grew(a->spec_num_accepted_tokens, g->spec_num_accepted_tokens) : 0;
+#define GREW(f) (had ? (double)(g->f - a->f) : 0.0)
+    double prompt = GREW(prompt_tokens), gen = GREW(generation_tokens),
+           queries = GREW(prefix_cache_queries), hits = GREW(prefix_cache_hits),
+           drafts = GREW(spec_num_draft_tokens), accepted = GREW(spec_num_accepted_tokens);
+#undef GREW
     /* an idle replica's line once at info (that it went idle), then at debug */
     int busy = prompt > 0 || gen > 0 || g->num_running || g->num_waiting;
     enum cm_log_level lvl = busy || p->stats_busy ? CM_LOG_INFO : CM_LOG_DEBUG;

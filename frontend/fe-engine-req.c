@@ -740,7 +740,7 @@ int fe_eng_submit(void *ud, struct fe_conn *c, struct fe_api_request *req, const
   }
   j->e = e;
   j->max_model_len = fe_engine_max_model_len(e);
-  j->keep_render = e->cfg.log_requests;
+  j->keep_render = e->cfg.log_requests && req->kind == FE_API_CHAT && CM_LOG_ENABLED(CM_LOG_INFO);
   j->c = c;
   j->tok = e->tok;
   j->chat = e->chat;

@@ -36,7 +36,7 @@ int fe_main_chat_template_check(const char *value, char *why, size_t whylen);
 struct fe_main_log {
   int requests, no_requests, outputs, no_stats;
   int64_t max_len; /* 0: all */
-  double stats_s;  /* 0: 10 */
+  double stats_s;  /* seconds between stats lines */
 };
 #define FE_MAIN_LOG_OPTS(l)                                                                        \
   {"enable-log-requests", CM_OPT_BOOL, &(l).requests, NULL,                                        \
@@ -59,8 +59,9 @@ struct fe_main_log {
        "waiting requests, KV cache use and prefix cache hits every --log-stats-interval "          \
        "seconds: info while it works, debug while idle)"},                                         \
   {                                                                                                \
-    "log-stats-interval", CM_OPT_DOUBLE, &(l).stats_s, "S", "seconds between stats lines (10)", 0, \
-        0, 0.1, 86400                                                                              \
+    "log-stats-interval", CM_OPT_DOUBLE, &(l).stats_s, "S",                                        \
+        "seconds between stats lines (10; at least 0.5, the period they are checked at)", 0, 0,    \
+        0.5, 86400                                                                                 \
   }
 
 /* 0 when the CORS lists are JSON lists of names, else the reason in why. */

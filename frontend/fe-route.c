@@ -280,8 +280,10 @@ static void submit(struct fe_router *r, struct fe_conn *c, struct fe_api_request
   reply_error(r, c, 503, "engine not ready", NULL);
 }
 
-static void on_engine(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
-                      enum fe_api_kind kind) {
+/* A request of `kind` parsed and submitted; template_only: /apply-template's (a
+ * /tokenize request that must have messages). */
+static void on_engine_as(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
+                         enum fe_api_kind kind, int template_only) {
   struct fe_api_config acfg = api_config(r);
   struct fe_api_request req;
   struct fe_api_error err;
@@ -289,7 +291,18 @@ static void on_engine(struct fe_router *r, struct fe_conn *c, const char *body, 
     reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
     return;
   }
+  if (template_only && !req.n_messages) {
+    fe_api_request_free(&req);
+    reply_error(r, c, 400, "'messages' is required: the chat to render", "messages");
+    return;
+  }
+  req.template_only = template_only;
   submit(r, c, req);
+}
+
+static void on_engine(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
+                      enum fe_api_kind kind) {
+  on_engine_as(r, c, body, len, kind, 0);
 }
 
 static void on_audio(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
@@ -528,20 +541,7 @@ static void on_detokenize(struct fe_router *r, struct fe_conn *c, const char *b,
 /* POST /apply-template (llama.cpp's): the chat of a /tokenize request's messages as
  * the template renders it, {"prompt": TEXT}, which /v1/completions then takes as it is */
 static void on_apply_template(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
-  struct fe_api_config acfg = api_config(r);
-  struct fe_api_request req;
-  struct fe_api_error err;
-  if (fe_api_parse_request(FE_API_TOKENIZE, b, n, &acfg, &req, &err) != 0) {
-    reply_error(r, c, err.status, err.message, err.param[0] ? err.param : NULL);
-    return;
-  }
-  if (!req.n_messages) {
-    fe_api_request_free(&req);
-    reply_error(r, c, 400, "'messages' is required: the chat to render", "messages");
-    return;
-  }
-  req.template_only = 1;
-  submit(r, c, req);
+  on_engine_as(r, c, b, n, FE_API_TOKENIZE, 1);
 }
 
 static const struct route routes[] = {

@@ -438,8 +438,8 @@ int tl_serve_main(int argc, char **argv) {
        "taken for vLLM's command lines: the model's own call format is read whatever NAME says "
        "(Gemma 4's native calls; Gemma 3's JSON calls)"},
       {"reasoning-parser", CM_OPT_STR, &vllm_str, "NAME",
-       "taken for vLLM's command lines: Gemma 4's thinking channel is always read as "
-       "reasoning_content"},
+       "taken for vLLM's command lines: Gemma 4's thinking channel is always read apart, as "
+       "the message's reasoning"},
       {"disable-fastapi-docs", CM_OPT_BOOL, &vllm_flag, NULL,
        "taken for vLLM's command lines: no API docs pages are served"},
       {"generation-config", CM_OPT_STR, &s.gen_config, "auto|vllm|DIR", FE_MAIN_GEN_CONFIG_HELP},

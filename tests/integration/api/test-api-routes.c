@@ -590,7 +590,7 @@ TH_TEST(api_props) {
   json_decref(j);
 }
 
-/* POST /apply-template (llama.cpp's): the chat as Gemma 4's template writes it
+/* POST /apply-template (llama.cpp's): the chat as Gemma 3's template writes it
  * (MODELS.md's turns), which /v1/completions then takes without a second <bos>: its
  * prompt ids and greedy answer are the chat completion's. */
 TH_TEST(api_apply_template) {
@@ -689,7 +689,7 @@ TH_TEST(api_request_log) {
   struct as_server s = {0};
   as_start(&s, 0,
            (char *[]){"--enable-log-requests", "--enable-log-outputs", "--max-log-len", "12",
-                      "--log-stats-interval", "0.3", NULL});
+                      "--log-stats-interval", "0.5", NULL});
   const char *prompt = "Hello \"there\"\nfriend, a prompt of a few more words";
   json_t *q = json_pack("{s:s, s:i, s:i, s:[s]}", "prompt", prompt, "max_tokens", 6, "seed", 7,
                         "stop", "zz\"z");
@@ -772,7 +772,7 @@ TH_TEST(api_request_log) {
   struct as_server s2 = {0};
   as_start(&s2, 0,
            (char *[]){"--enable-log-requests", "--disable-log-requests", "--disable-log-stats",
-                      "--log-stats-interval", "0.2", "--trust-remote-code",
+                      "--log-stats-interval", "0.5", "--trust-remote-code",
                       "--enable-chunked-prefill", "--enable-auto-tool-choice", "--tool-call-parser",
                       "gemma4", "--reasoning-parser", "gemma4", "--disable-fastapi-docs", NULL});
   as_post(&s2, "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2}", &r);

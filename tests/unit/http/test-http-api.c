@@ -235,6 +235,8 @@ static const struct bad_case bad[] = {
     {H, CHAT_A "\"model\":\"nope\"}", 404, "model"},
     {FE_API_TOKENIZE, "{}", 400, "prompt"},
     {FE_API_TOKENIZE, PROMPT_A "\"add_special_tokens\":\"no\"}", 400, "add_special_tokens"},
+    {FE_API_COMPLETION, PROMPT_A "\"add_special_tokens\":1}", 400, "add_special_tokens"},
+    {H, CHAT_A "\"add_special_tokens\":\"yes\"}", 400, "add_special_tokens"},
     {FE_API_DETOKENIZE, "{\"tokens\":\"abc\"}", 400, "tokens"},
     {FE_API_DETOKENIZE, "{\"tokens\":[1,-1]}", 400, "tokens"},
     {FE_API_DETOKENIZE, "{\"tokens\":[1,2147483648]}", 400, "tokens"},
@@ -422,6 +424,18 @@ TH_TEST(api_chat_good) {
   const char *t = "{\"prompt\":\"hi\",\"add_special_tokens\":false}";
   parse_ok(FE_API_TOKENIZE, t, &r);
   TH_CHECK(r.n_prompts == 1 && r.add_special_tokens == 0);
+  fe_api_request_free(&r);
+  /* vLLM's add_special_tokens: completions' default true, chat's false, either way asked */
+  parse_ok(FE_API_COMPLETION, "{\"prompt\":\"hi\"}", &r);
+  TH_CHECK_EQ_INT(r.add_special_tokens, 1);
+  fe_api_request_free(&r);
+  parse_ok(FE_API_COMPLETION, t, &r);
+  TH_CHECK_EQ_INT(r.add_special_tokens, 0);
+  fe_api_request_free(&r);
+  parse_ok(FE_API_CHAT,
+           "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"add_special_tokens\":true}",
+           &r);
+  TH_CHECK_EQ_INT(r.add_special_tokens, 1);
   fe_api_request_free(&r);
   const char *dt = "{\"tokens\":[2,3,4]}";
   parse_ok(FE_API_DETOKENIZE, dt, &r);
