@@ -23,6 +23,7 @@ struct pctx {
   int native;                       /* Gemma 4's tool notation in the history and answers */
   struct fe_api_grammar_check *constraint; /* the constraint's check; NULL: none yet */
   const struct md_sampling *defaults;      /* the checkpoint's; NULL: none */
+  const struct fe_api_config *cfg;         /* the server's limits and policy */
 };
 
 __attribute__((format(printf, 4, 5))) static int fail(struct pctx *p, int status, const char *param,
@@ -801,6 +802,11 @@ static int parse_sampling(struct pctx *p, json_t *body) {
     return rc;
   x = 0;
   if ((rc = get_int(p, body, "priority", INT32_MIN, INT32_MAX, &x, NULL))) return rc;
+  if (x && p->cfg->fcfs)
+    return fail(p, 400, "priority",
+                "'priority' is %lld, and this server schedules first come, first served "
+                "(--scheduling-policy fcfs)",
+                (long long)x);
   r->priority = (int32_t)x;
   if ((rc = parse_logit_bias(p, body))) return rc;
   json_t *at = json_object_get(body, "allowed_token_ids");
@@ -823,17 +829,17 @@ static int parse_sampling(struct pctx *p, json_t *body) {
 static int parse_output(struct pctx *p, json_t *body) {
   struct fe_api_request *r = p->r;
   int rc;
+  const int64_t max_lp = p->cfg->max_logprobs > 0 ? p->cfg->max_logprobs : FE_API_MAX_LOGPROBS;
   if (r->kind == FE_API_COMPLETION) {
     int64_t lp = -1;
-    if ((rc = get_int(p, body, "logprobs", 0, FE_API_MAX_LOGPROBS, &lp, NULL))) return rc;
+    if ((rc = get_int(p, body, "logprobs", 0, max_lp, &lp, NULL))) return rc;
     r->logprobs = (int)lp;
     if ((rc = get_bool(p, body, "echo", &r->echo))) return rc;
   } else {
     int want = 0, top_present = 0;
     int64_t top = 0;
     if ((rc = get_bool(p, body, "logprobs", &want))) return rc;
-    if ((rc = get_int(p, body, "top_logprobs", 0, FE_API_MAX_LOGPROBS, &top, &top_present)))
-      return rc;
+    if ((rc = get_int(p, body, "top_logprobs", 0, max_lp, &top, &top_present))) return rc;
     if (top_present && top > 0 && !want)
       return fail(p, 400, "top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
     r->logprobs = want ? (int)top : -1;
@@ -846,8 +852,7 @@ static int parse_output(struct pctx *p, json_t *body) {
   if ((rc = get_bool(p, body, "stream", &r->stream))) return rc;
   int64_t plp = -1;
   int plp_given = 0;
-  if ((rc = get_int(p, body, "prompt_logprobs", 0, FE_API_MAX_LOGPROBS, &plp, &plp_given)))
-    return rc;
+  if ((rc = get_int(p, body, "prompt_logprobs", 0, max_lp, &plp, &plp_given))) return rc;
   if (plp_given && r->stream)
     return fail(p, 400, "prompt_logprobs",
                 "'prompt_logprobs' is not available when 'stream' is true");
@@ -1821,8 +1826,8 @@ int fe_api_parse_request(enum fe_api_kind kind, const char *body, size_t len,
   memset(out, 0, sizeof(*out));
   memset(err, 0, sizeof(*err));
   set_defaults(out, kind, cfg->defaults);
-  struct pctx p = {out,  err,          cfg->model, cfg->model && cfg->model->native_tools,
-                   NULL, cfg->defaults};
+  struct pctx p = {out,  err,           cfg->model, cfg->model && cfg->model->native_tools,
+                   NULL, cfg->defaults, cfg};
   json_error_t je;
   json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
   if (!root) {

@@ -281,6 +281,12 @@ struct fe_api_config {
   /* the Responses API's store (fe-rstore.h; NULL: off), for previous_response_id and
    * the answers it keeps */
   struct fe_rstore *store;
+  /* vLLM's --max-logprobs: top logprobs a request may ask for (logprobs, top_logprobs,
+   * prompt_logprobs), 1 .. PR_MAX_TOP_LOGPROBS; 0: FE_API_MAX_LOGPROBS (vLLM's 20) */
+  int max_logprobs;
+  /* vLLM's --scheduling-policy fcfs: a request's priority other than 0 is a 400 (0:
+   * priorities are honoured, the policy "priority") */
+  int fcfs;
 };
 
 /* Parses and validates body[0..len). Returns 0 and fills `out`, or a

@@ -180,6 +180,35 @@ int fe_main_read_keys(const char *keys, const char *path, char **out) {
   return 0;
 }
 
+int fe_main_policy_check(const char *prog, const struct fe_main_policy *pl, int *fcfs,
+                         enum cm_log_level *level) {
+  *fcfs = 0;
+  if (pl->scheduling && strcmp(pl->scheduling, "priority")) {
+    if (strcmp(pl->scheduling, "fcfs")) {
+      fprintf(stderr, "%s: --scheduling-policy: '%s' is neither fcfs nor priority\n", prog,
+              pl->scheduling);
+      return -1;
+    }
+    *fcfs = 1;
+  }
+  if (!pl->uvicorn_level) return 0;
+  static const struct {
+    const char *name;
+    enum cm_log_level level;
+  } names[] = {{"critical", CM_LOG_ERROR}, {"error", CM_LOG_ERROR}, {"warning", CM_LOG_WARN},
+               {"info", CM_LOG_INFO},      {"debug", CM_LOG_DEBUG}, {"trace", CM_LOG_TRACE}};
+  for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++)
+    if (!strcmp(pl->uvicorn_level, names[k].name)) {
+      *level = names[k].level;
+      return 0;
+    }
+  fprintf(stderr,
+          "%s: --uvicorn-log-level: '%s' is none of critical, error, warning, info, debug, "
+          "trace\n",
+          prog, pl->uvicorn_level);
+  return -1;
+}
+
 int fe_frontend_main(int argc, char **argv) {
   const char *host = "127.0.0.1", *api_key = NULL, *model = NULL, *key_file = NULL;
   static struct cm_strs schedulers, names, lora_args; /* values live as long as the process */
@@ -197,6 +226,7 @@ int fe_frontend_main(int argc, char **argv) {
   int cors_credentials = 0, prompt_details = 0, trust_template = 0, no_access_log = 0;
   int id_headers = 0;
   struct fe_main_log lg = {.stats_s = 10};
+  struct fe_main_policy pol = {0};
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
   uint64_t store_size = 64u << 20; /* bytes: the Responses API's store */
@@ -238,6 +268,7 @@ int fe_frontend_main(int argc, char **argv) {
       {"enable-request-id-headers", CM_OPT_BOOL, &id_headers, NULL, FE_MAIN_ID_HEADERS_HELP},
       {"disable-uvicorn-access-log", CM_OPT_BOOL, &no_access_log, NULL, "the same (vLLM's name)"},
       FE_MAIN_LOG_OPTS(lg),
+      FE_MAIN_POLICY_OPTS(pol),
       {"generation-config", CM_OPT_STR, &gen_config, "auto|vllm|DIR", FE_MAIN_GEN_CONFIG_HELP},
       {"override-generation-config", CM_OPT_STR, &gen_override, "JSON", FE_MAIN_GEN_OVERRIDE_HELP},
       {"default-chat-template-kwargs", CM_OPT_STR, &template_kwargs, "JSON",
@@ -272,6 +303,10 @@ int fe_frontend_main(int argc, char **argv) {
                          1, NULL, 0, NULL);
   if (rc == CM_ARGS_HELP) return 0;
   if (rc < 0) return 2;
+  int fcfs = 0;
+  enum cm_log_level level = cm_log_get_level();
+  if (fe_main_policy_check("lmserve frontend", &pol, &fcfs, &level) != 0) return 2;
+  cm_log_set_level(level);
   if (!api_key) api_key = getenv("LMSERVE_API_KEY");
   static char *keys; /* --api-key's and --api-key-file's keys, a line apart */
   if (key_file) {
@@ -382,6 +417,8 @@ int fe_frontend_main(int argc, char **argv) {
                                  names.n > 1 ? names.n - 1 : 0};
   rcfg.responses_store = store_size;
   rcfg.request_id_headers = id_headers;
+  rcfg.max_logprobs = (int)pol.max_logprobs;
+  rcfg.fcfs = fcfs;
   rcfg.lora_names = lora_names;
   rcfg.lora_paths = lora_paths;
   rcfg.n_loras = n_loras;

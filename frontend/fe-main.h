@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cm-log.h"
+
 int fe_frontend_main(int argc, char **argv);
 
 /* 1 when json is what --default-chat-template-kwargs takes: a JSON object whose
@@ -63,6 +65,35 @@ struct fe_main_log {
         "seconds between stats lines (10; at least 0.5, the period they are checked at)", 0, 0,    \
         0.5, 86400                                                                                 \
   }
+
+/* vLLM's request policy and its server's log level, flags of serve and frontend. */
+struct fe_main_policy {
+  int64_t max_logprobs;      /* 0: 20 */
+  const char *scheduling;    /* "fcfs" or "priority" (NULL: priority) */
+  const char *uvicorn_level; /* the frontend's log level by uvicorn's names (NULL: as set) */
+};
+#define FE_MAIN_POLICY_OPTS(pl)                                                                    \
+  {"max-logprobs",                                                                                 \
+   CM_OPT_INT,                                                                                     \
+   &(pl).max_logprobs,                                                                             \
+   "N",                                                                                            \
+   "most top logprobs a request may ask for (logprobs, top_logprobs, prompt_logprobs), as "        \
+   "vLLM's flag (20)",                                                                             \
+   1,                                                                                              \
+   64},                                                                                            \
+      {"scheduling-policy", CM_OPT_STR, &(pl).scheduling, "fcfs|priority",                         \
+       "priority (the default here): a request's priority orders the queue, lower first; fcfs "    \
+       "(vLLM's default): arrival alone does, and a request with a priority other than 0 is a "    \
+       "400"},                                                                                     \
+  {                                                                                                \
+    "uvicorn-log-level", CM_OPT_STR, &(pl).uvicorn_level, "LEVEL",                                 \
+        "the frontend's log level by uvicorn's names (vLLM's flag): critical, error, warning, "    \
+        "info, debug or trace; warning and above keep the access log out"                          \
+  }
+/* Checks pl's values (a sentence on stderr naming `prog` and the flag when one is
+ * off); 0, or -1. *fcfs and *level: what they ask (*level untouched without one). */
+int fe_main_policy_check(const char *prog, const struct fe_main_policy *pl, int *fcfs,
+                         enum cm_log_level *level);
 
 /* 0 when the CORS lists are JSON lists of names, else the reason in why. */
 int fe_main_cors_check(const char *origins, const char *methods, const char *headers, char *why,

@@ -209,7 +209,9 @@ static struct fe_api_config api_config(struct fe_router *r) {
                                r->cfg.lora_names,
                                r->cfg.n_loras,
                                r->cfg.lora_sum,
-                               r->store};
+                               r->store,
+                               r->cfg.max_logprobs,
+                               r->cfg.fcfs};
   return acfg;
 }
 

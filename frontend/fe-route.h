@@ -76,6 +76,8 @@ struct fe_route_config {
   uint64_t responses_store; /* bytes for the Responses API's store (fe-rstore.h); 0: none */
   int request_id_headers;   /* --enable-request-id-headers: every answer of the engine's
                                routes carries X-Request-Id (the client's, or one made) */
+  int max_logprobs;         /* fe_api_config's (--max-logprobs; 0: 20) */
+  int fcfs;                 /* fe_api_config's (--scheduling-policy fcfs) */
 };
 
 /* 0, or a negative cm_err (CM_ERR_INVAL: a CORS list that is not one, the

@@ -78,6 +78,7 @@ struct tl_serve {
   int no_access_log;                       /* the frontend's --disable-access-log */
   int id_headers;                          /* the frontend's --enable-request-id-headers */
   struct fe_main_log log;                  /* the frontend's log flags (FE_MAIN_LOG_OPTS) */
+  struct fe_main_policy policy;            /* and its policy flags (FE_MAIN_POLICY_OPTS) */
   const char *ssl_key, *ssl_cert, *ssl_ca; /* the frontend's HTTPS (--ssl-*) */
   char ssl_abs[3][PATH_MAX];               /* their absolute paths, which those point to */
   int64_t dp; /* model replicas, each a scheduler and its worker group */

@@ -321,6 +321,9 @@ static int start_frontend(struct tl_serve *s) {
   if (s->log.max_len) argv_add_int(&f, "--max-log-len", s->log.max_len);
   if (s->log.no_stats) argv_add(&f, "--disable-log-stats");
   argv_add_fmt(&f, "--log-stats-interval", "%.17g", s->log.stats_s);
+  if (s->policy.max_logprobs) argv_add_int(&f, "--max-logprobs", s->policy.max_logprobs);
+  argv_add_str(&f, "--scheduling-policy", s->policy.scheduling);
+  argv_add_str(&f, "--uvicorn-log-level", s->policy.uvicorn_level);
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
   argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
   argv_add_str(&f, "--responses-store-size", s->responses_store);
@@ -425,6 +428,7 @@ int tl_serve_main(int argc, char **argv) {
       {"enable-request-id-headers", CM_OPT_BOOL, &s.id_headers, NULL, FE_MAIN_ID_HEADERS_HELP},
       {"disable-uvicorn-access-log", CM_OPT_BOOL, &s.no_access_log, NULL, "the same (vLLM's name)"},
       FE_MAIN_LOG_OPTS(s.log),
+      FE_MAIN_POLICY_OPTS(s.policy),
       /* vLLM's flags for what is so here whatever they say: taken so that its command
        * lines run as they are */
       {"trust-remote-code", CM_OPT_BOOL, &vllm_flag, NULL,
@@ -462,6 +466,8 @@ int tl_serve_main(int argc, char **argv) {
       {"kv-cache-memory", CM_OPT_SIZE, &s.kv_bytes, "BYTES",
        "KV cache pool size per worker (CPU: 512M; CUDA: from --gpu-memory-utilization)", 0, 0, 0, 0,
        &s.kv_seen},
+      {"kv-cache-memory-bytes", CM_OPT_SIZE, &s.kv_bytes, "BYTES", "the same (vLLM's name)", 0, 0,
+       0, 0, &s.kv_seen},
       {"gpu-memory-utilization", CM_OPT_DOUBLE, &s.gpu_mem_util, "F",
        "CUDA: share of each device's memory for weights, scratch and KV cache, in (0, 1] (0.9)"},
       {"block-size", CM_OPT_INT, &s.block_size, "N", "tokens per KV page of the largest group (16)",
@@ -508,6 +514,9 @@ int tl_serve_main(int argc, char **argv) {
   };
   int rc = tl_args_parse("lmserve serve", "Serve a model over the OpenAI API.", opts, argc, argv);
   if (rc >= 0) return rc;
+  int fcfs; /* (the frontend's to apply) */
+  enum cm_log_level fe_level;
+  if (fe_main_policy_check("lmserve serve", &s.policy, &fcfs, &fe_level) != 0) return 2;
   if (!(s.gpu_mem_util > 0.0 && s.gpu_mem_util <= 1.0)) {
     fprintf(stderr, "lmserve serve: --gpu-memory-utilization must be in (0, 1] (got %g)\n",
             s.gpu_mem_util);

@@ -785,6 +785,73 @@ TH_TEST(api_request_log) {
   TH_CHECK_EQ_INT(log_lines(&s2, "replica 0: prompt", lines, sizeof(lines)), 0);
 }
 
+/* vLLM's --max-logprobs, --scheduling-policy fcfs, --uvicorn-log-level and
+ * --kv-cache-memory-bytes: what they allow and refuse, as vLLM does. */
+TH_TEST(api_vllm_policy_flags) {
+  struct as_server s = {0};
+  as_start(&s, 0,
+           (char *[]){"--max-logprobs", "3", "--scheduling-policy", "fcfs", "--uvicorn-log-level",
+                      "warning", "--kv-cache-memory-bytes", "256M", NULL});
+  static const struct {
+    const char *path, *body, *param; /* param NULL: a 200 */
+  } cases[] = {
+      {"/v1/chat/completions",
+       "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2,\"logprobs\":true,"
+       "\"top_logprobs\":4}",
+       "top_logprobs"},
+      {"/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2,\"logprobs\":4}", "logprobs"},
+      {"/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2,\"prompt_logprobs\":4}",
+       "prompt_logprobs"},
+      {"/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2,\"priority\":1}", "priority"},
+      {"/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2,\"priority\":0}", NULL},
+      {"/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2,\"prompt_logprobs\":3}", NULL},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    struct as_resp r;
+    as_post(&s, cases[i].path, cases[i].body, &r);
+    TH_CHECK_EQ_INT(r.status, cases[i].param ? 400 : 200);
+    if (cases[i].param) {
+      json_t *j = as_json(&r);
+      TH_CHECK_EQ_STR(
+          or_empty(json_string_value(json_object_get(json_object_get(j, "error"), "param"))),
+          cases[i].param);
+      json_decref(j);
+    }
+    as_resp_free(&r);
+  }
+  /* three top entries a token, as many as allowed */
+  struct as_resp r;
+  as_post(&s, "/v1/chat/completions",
+          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":2,"
+          "\"logprobs\":true,\"top_logprobs\":3}",
+          &r);
+  TH_CHECK_EQ_INT(r.status, 200);
+  json_t *j = as_json(&r);
+  as_resp_free(&r);
+  json_t *lc = json_object_get(
+      json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+  TH_REQUIRE(json_array_size(lc) == 2);
+  TH_CHECK_EQ_INT(json_array_size(json_object_get(json_array_get(lc, 0), "top_logprobs")), 3);
+  json_decref(j);
+  as_stop(&s);
+  /* at uvicorn's warning level the access log is out */
+  static char lines[1 << 16];
+  TH_CHECK_EQ_INT(log_lines(&s, "\"POST /v1/completions HTTP/1.1\"", lines, sizeof(lines)), 0);
+
+  /* what serve refuses, by flag */
+  static const struct {
+    const char *flag, *value, *says;
+  } bad[] = {{"--scheduling-policy", "lifo", "--scheduling-policy"},
+             {"--uvicorn-log-level", "loud", "--uvicorn-log-level"},
+             {"--max-logprobs", "65", "max-logprobs"}};
+  struct th_out o = {0};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "serve", bad[i].flag, bad[i].value, NULL), 2);
+    TH_CHECK(o.err && strstr(o.err, bad[i].says));
+  }
+  th_out_free(&o);
+}
+
 TH_TEST(api_routes_stop) {
   as_stop(server());
 }
