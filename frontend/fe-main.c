@@ -220,6 +220,7 @@ int fe_frontend_main(int argc, char **argv) {
   uint64_t max_body = 32ull << 20, max_header_bytes = 16u << 10;
   double header_timeout = 10, body_timeout = 30, idle_timeout = 5, drain_timeout = 30;
   const char *media_dir = NULL, *limit_mm = NULL, *template_kwargs = NULL, *chat_template = NULL;
+  const char *mm_kwargs = NULL;
   const char *gen_config = "auto", *gen_override = NULL;
   static struct md_sampling sampling; /* the router keeps a pointer */
   const char *cors_origins = NULL, *cors_methods = NULL, *cors_headers = NULL;
@@ -277,6 +278,7 @@ int fe_frontend_main(int argc, char **argv) {
       {"allowed-local-media-path", CM_OPT_STR, &media_dir, "DIR",
        "images may be file:// URLs of files under DIR (default: file:// refused)"},
       {"limit-mm-per-prompt", CM_OPT_STR, &limit_mm, FE_MAIN_LIMIT_MM_ARG, FE_MAIN_LIMIT_MM_HELP},
+      {"mm-processor-kwargs", CM_OPT_STR, &mm_kwargs, "JSON", FE_MAIN_MM_KWARGS_HELP},
       {"max-image-bytes", CM_OPT_SIZE, &max_image_bytes, "BYTES", "largest encoded image (20M)"},
       {"responses-store-size", CM_OPT_SIZE, &store_size, "BYTES", FE_MAIN_RSTORE_HELP},
       {"max-image-pixels", CM_OPT_INT, &max_image_pixels, "N",
@@ -348,6 +350,14 @@ int fe_frontend_main(int argc, char **argv) {
     char why[160];
     if (fe_mm_parse_limit(limit_mm, &mm_limit, &audio_limit, why, sizeof(why)) != 0) {
       fprintf(stderr, "lmserve frontend: --limit-mm-per-prompt: %s\n", why);
+      return 2;
+    }
+  }
+  int soft_tokens = 0;
+  if (mm_kwargs) {
+    char why[160];
+    if (fe_mm_parse_kwargs(mm_kwargs, &soft_tokens, why, sizeof(why)) != 0) {
+      fprintf(stderr, "lmserve frontend: --mm-processor-kwargs: %s\n", why);
       return 2;
     }
   }
@@ -447,7 +457,8 @@ int fe_frontend_main(int argc, char **argv) {
                                            .audio_limit = audio_limit,
                                            .max_bytes = max_image_bytes,
                                            .max_pixels = (uint64_t)max_image_pixels,
-                                           .local_dir = media_dir}};
+                                           .local_dir = media_dir,
+                                           .max_soft_tokens = soft_tokens}};
     if (!model_dir || (rc = fe_engine_create(app.loop, app.router, &ecfg, &engine)) != 0) {
       fprintf(stderr, "lmserve frontend: %s\n",
               model_dir ? "cannot start the serving path (see the log)"

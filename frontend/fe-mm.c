@@ -44,6 +44,33 @@ static int set_limit(const char *spec, const char *name, long long n, int *image
   return 0;
 }
 
+int fe_mm_parse_kwargs(const char *json, int *max_soft_tokens, char *err, size_t errlen) {
+  json_error_t je;
+  json_t *j = json_loads(json, 0, &je), *v;
+  const char *k;
+  int rc = 0;
+  if (!json_is_object(j))
+    rc = cm_fail(err, errlen, CM_ERR_INVAL, "not a JSON object");
+  else
+    json_object_foreach(j, k, v) {
+      long long n = json_is_integer(v) ? (long long)json_integer_value(v) : -1;
+      if (strcmp(k, "max_soft_tokens")) {
+        rc = cm_fail(err, errlen, CM_ERR_INVAL,
+                     "'%.64s' is not an argument of this server's processors (max_soft_tokens is)",
+                     k);
+        break;
+      }
+      if (n < 1 || n > MD_G4_MAX_SOFT_TOKENS || !md_g4_soft_tokens_allowed((int)n)) {
+        rc = cm_fail(err, errlen, CM_ERR_INVAL,
+                     "max_soft_tokens must be one of 70, 140, 280, 560, 1120");
+        break;
+      }
+      *max_soft_tokens = (int)n;
+    }
+  json_decref(j);
+  return rc;
+}
+
 int fe_mm_parse_limit(const char *spec, int *image, int *audio, char *err, size_t errlen) {
   int im = *image, au = *audio;
   if (spec[0] == '{') {
@@ -149,11 +176,16 @@ int fe_mm_load(const char *dir, const struct md_config *cfg, const struct tk_tok
     mm->hash_key = (uint64_t)(uintptr_t)mm ^ 0x5bd1e9955bd1e995ull;
   if (a.present && audio_limit > 0 && (rc = load_audio(dir, tok, &a, audio_limit, mm, err, errlen)))
     return rc;
+  if (o && o->max_soft_tokens && !g4.present)
+    return cm_fail(err, errlen, CM_ERR_INVAL,
+                   "--mm-processor-kwargs: max_soft_tokens is Gemma 4's image budget, and %s "
+                   "has no Gemma 4 vision tower",
+                   dir);
   if (limit == 0) return 0;
   if (g4.present) { /* Gemma 4: a size and a token count per image */
     mm->g4 = 1;
     mm->g4cfg = g4;
-    mm->tokens = g4.default_tokens;
+    mm->tokens = o && o->max_soft_tokens ? o->max_soft_tokens : g4.default_tokens;
     mm->image_id = g4.image_id;
     mm->channels = 3;
     mm->do_resize = 1;

@@ -84,7 +84,18 @@ struct fe_mm_opts {
   size_t max_bytes;       /* per image, encoded; 0: fe-image's default */
   uint64_t max_pixels;    /* per image, decoded; 0: fe-image's default */
   const char *local_dir;  /* --allowed-local-media-path, or NULL */
+  int max_soft_tokens;    /* --mm-processor-kwargs' (Gemma 4): each image's budget where a
+                             request names none; 0: the checkpoint's */
 };
+
+/* --mm-processor-kwargs (vLLM's): a JSON object of the processor's arguments a request
+ * leaves out. max_soft_tokens (Gemma 4's image budget: 70, 140, 280, 560 or 1120) into
+ * *max_soft_tokens; any other key is refused by name, as a value out of range. 0 or
+ * CM_ERR_INVAL with a reason. */
+int fe_mm_parse_kwargs(const char *json, int *max_soft_tokens, char *err, size_t errlen);
+#define FE_MAIN_MM_KWARGS_HELP                                                                     \
+  "the image processor's arguments a request leaves out, as vLLM's flag: '{\"max_soft_tokens\": "  \
+  "N}' sets Gemma 4's image budget (70, 140, 280, 560 or 1120 soft tokens)"
 
 /* --limit-mm-per-prompt: "image=N,audio=M" (vLLM's older form, either or
  * both) or {"image": N, "audio": M} (its JSON form); other modalities are

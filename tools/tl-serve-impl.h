@@ -66,6 +66,7 @@ struct tl_serve {
   int enable_lora;   /* vLLM's --enable-lora: taken, changes nothing */
   int64_t max_lora_rank; /* --max-lora-rank, to the workers (0: any) */
   const char *media_dir, *limit_mm, *max_image_bytes, *max_image_pixels; /* the frontend's */
+  const char *mm_kwargs;       /* the frontend's --mm-processor-kwargs */
   const char *responses_store; /* the frontend's --responses-store-size */
   const char *template_kwargs; /* the frontend's --default-chat-template-kwargs */
   const char *gen_config;      /* the frontend's --generation-config (NULL: auto) */

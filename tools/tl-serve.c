@@ -325,6 +325,7 @@ static int start_frontend(struct tl_serve *s) {
   argv_add_str(&f, "--scheduling-policy", s->policy.scheduling);
   argv_add_str(&f, "--uvicorn-log-level", s->policy.uvicorn_level);
   argv_add_str(&f, "--limit-mm-per-prompt", s->limit_mm);
+  argv_add_str(&f, "--mm-processor-kwargs", s->mm_kwargs);
   argv_add_str(&f, "--max-image-bytes", s->max_image_bytes);
   argv_add_str(&f, "--responses-store-size", s->responses_store);
   argv_add_str(&f, "--max-image-pixels", s->max_image_pixels);
@@ -453,6 +454,7 @@ int tl_serve_main(int argc, char **argv) {
        "chat template variables every chat request gets, under its own chat_template_kwargs "
        "(e.g. '{\"enable_thinking\": true}')"},
       {"limit-mm-per-prompt", CM_OPT_STR, &s.limit_mm, FE_MAIN_LIMIT_MM_ARG, FE_MAIN_LIMIT_MM_HELP},
+      {"mm-processor-kwargs", CM_OPT_STR, &s.mm_kwargs, "JSON", FE_MAIN_MM_KWARGS_HELP},
       {"max-image-bytes", CM_OPT_STR, &s.max_image_bytes, "BYTES", "largest encoded image (20M)"},
       {"responses-store-size", CM_OPT_STR, &s.responses_store, "BYTES", FE_MAIN_RSTORE_HELP},
       {"max-image-pixels", CM_OPT_STR, &s.max_image_pixels, "N",
@@ -544,6 +546,11 @@ int tl_serve_main(int argc, char **argv) {
   char lwhy[160];
   if (s.limit_mm && fe_mm_parse_limit(s.limit_mm, &n_image, &n_audio, lwhy, sizeof(lwhy))) {
     fprintf(stderr, "lmserve serve: --limit-mm-per-prompt: %s\n", lwhy);
+    return 2;
+  }
+  int soft_tokens = 0;
+  if (s.mm_kwargs && fe_mm_parse_kwargs(s.mm_kwargs, &soft_tokens, lwhy, sizeof(lwhy))) {
+    fprintf(stderr, "lmserve serve: --mm-processor-kwargs: %s\n", lwhy);
     return 2;
   }
 

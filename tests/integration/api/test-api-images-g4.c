@@ -256,6 +256,30 @@ TH_TEST(gemma4_images_through_the_api) {
     api_check_both(&a, &b, two, &a2);
   }
 
+  /* (d) --mm-processor-kwargs (vLLM's): the budget of the requests that name none; one
+   * that names its own keeps it */
+  {
+    struct as_server d = {.vision_g4 = 1};
+    as_start(&d, 0, (char *[]){"--mm-processor-kwargs", "{\"max_soft_tokens\": 70}", NULL});
+    char *plain = chat_body(TEXT, (const char *[]){u1}, 1, NULL, 0, 0);
+    char *b70 = chat_body(TEXT, (const char *[]){u1}, 1, NULL, 70, 0);
+    char *b280 = chat_body(TEXT, (const char *[]){u1}, 1, NULL, 280, 0);
+    int n_d = 0, n_a70 = 0, n_d280 = 0, n_a = 0;
+    int32_t *ids_d = api_tokenize(&d, plain, &n_d), *ids_a70 = api_tokenize(&a, b70, &n_a70);
+    int32_t *ids_d280 = api_tokenize(&d, b280, &n_d280), *ids_a = api_tokenize(&a, plain, &n_a);
+    struct md_g4_image p70, p280;
+    TH_REQUIRE(md_g4_image_plan(&p70, 64, 64, vc, 70, err, sizeof(err)) == 0);
+    TH_REQUIRE(md_g4_image_plan(&p280, 64, 64, vc, 280, err, sizeof(err)) == 0);
+    TH_CHECK(p70.soft_tokens != p280.soft_tokens);
+    TH_CHECK_EQ_INT(n_d, n_a70);
+    TH_CHECK(n_d == n_a70 && !memcmp(ids_d, ids_a70, sizeof(int32_t) * (size_t)n_d));
+    TH_CHECK_EQ_INT(n_d280, n_a);
+    TH_CHECK_EQ_INT(n_a - n_d, p280.soft_tokens - p70.soft_tokens);
+    free(ids_d), free(ids_a70), free(ids_d280), free(ids_a);
+    free(plain), free(b70), free(b280);
+    as_stop(&d);
+  }
+
   free(one);
   free(two);
   free(two_s);

@@ -843,7 +843,10 @@ TH_TEST(api_vllm_policy_flags) {
     const char *flag, *value, *says;
   } bad[] = {{"--scheduling-policy", "lifo", "--scheduling-policy"},
              {"--uvicorn-log-level", "loud", "--uvicorn-log-level"},
-             {"--max-logprobs", "65", "max-logprobs"}};
+             {"--max-logprobs", "65", "max-logprobs"},
+             {"--mm-processor-kwargs", "{\"max_soft_tokens\":71}", "max_soft_tokens must be"},
+             {"--mm-processor-kwargs", "{\"do_pan_and_scan\":true}", "'do_pan_and_scan'"},
+             {"--mm-processor-kwargs", "[70]", "not a JSON object"}};
   struct th_out o = {0};
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     TH_CHECK_EQ_INT(th_lmserve(&o, 10000, "serve", bad[i].flag, bad[i].value, NULL), 2);
