@@ -26,14 +26,24 @@ PR_SLICE_LIKE_(struct pr_f32s);
 static const struct {
   const char *name;
   const struct pr_rec *rec;
-} types[PR_DIST + 1] = {
-    [PR_ADD] = {"ADD", &pr_rec_add},          [PR_ABORT] = {"ABORT", &pr_rec_abort},
-    [PR_PING] = {"PING", &pr_rec_ping},       [PR_DOWN] = {"DOWN", &pr_rec_down},
-    [PR_OUT] = {"OUT", &pr_rec_out},          [PR_ERR] = {"ERR", &pr_rec_err},
-    [PR_PONG] = {"PONG", &pr_rec_pong},       [PR_STEP] = {"STEP", &pr_rec_step},
-    [PR_CTRL] = {"CTRL", &pr_rec_ctrl},       [PR_READY] = {"READY", &pr_rec_ready},
-    [PR_RESULT] = {"RESULT", &pr_rec_result}, [PR_BEAT] = {"BEAT", &pr_rec_beat},
-    [PR_FAIL] = {"FAIL", &pr_rec_fail},       [PR_DIST] = {"DIST", &pr_rec_dist},
+} types[PR_LORA_ACK + 1] = {
+    [PR_ADD] = {"ADD", &pr_rec_add},
+    [PR_ABORT] = {"ABORT", &pr_rec_abort},
+    [PR_PING] = {"PING", &pr_rec_ping},
+    [PR_DOWN] = {"DOWN", &pr_rec_down},
+    [PR_OUT] = {"OUT", &pr_rec_out},
+    [PR_ERR] = {"ERR", &pr_rec_err},
+    [PR_PONG] = {"PONG", &pr_rec_pong},
+    [PR_STEP] = {"STEP", &pr_rec_step},
+    [PR_CTRL] = {"CTRL", &pr_rec_ctrl},
+    [PR_READY] = {"READY", &pr_rec_ready},
+    [PR_RESULT] = {"RESULT", &pr_rec_result},
+    [PR_BEAT] = {"BEAT", &pr_rec_beat},
+    [PR_FAIL] = {"FAIL", &pr_rec_fail},
+    [PR_DIST] = {"DIST", &pr_rec_dist},
+    [PR_LORA] = {"LORA", &pr_rec_lora},
+    [PR_LORA_DONE] = {"LORA_DONE", &pr_rec_lora},
+    [PR_LORA_ACK] = {"LORA_ACK", &pr_rec_lora},
 };
 
 const struct pr_rec *pr_rec_of(unsigned t) {

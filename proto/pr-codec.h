@@ -74,7 +74,9 @@ enum {
   PR_K_ADD_ARRIVAL,
   PR_K_ADD_IMAGES,
   PR_K_ADD_CACHE_SALT,
-  PR_K_ADD_LORA_SUM
+  PR_K_ADD_LORA_SUM,
+  PR_K_ADD_LORA_UID,
+  PR_K_ADD_LORA_PATH
 };
 enum {
   PR_K_IMG_POS,
@@ -180,6 +182,16 @@ enum {
 enum { PR_K_BEAT_RANK, PR_K_BEAT_STEP, PR_K_BEAT_TIME, PR_K_BEAT_FLAGS };
 enum { PR_K_FAIL_RANK, PR_K_FAIL_STEP, PR_K_FAIL_CODE, PR_K_FAIL_MESSAGE };
 enum { PR_K_DIST_RANK, PR_K_DIST_WORLD, PR_K_DIST_ID };
+enum {
+  PR_K_LORA_NONCE,
+  PR_K_LORA_OP,
+  PR_K_LORA_UID,
+  PR_K_LORA_PATH,
+  PR_K_LORA_RANK,
+  PR_K_LORA_SLOT,
+  PR_K_LORA_CODE,
+  PR_K_LORA_MESSAGE
+};
 
 /* ---- field descriptors ---- */
 
@@ -396,7 +408,7 @@ extern const struct pr_rec pr_rec_sampling, pr_rec_logprobs, pr_rec_image;
 /* Images in order, their runs apart: 0 or CM_ERR_INVAL. */
 int pr_check_images(const struct pr_image *v, uint32_t n);
 extern const struct pr_rec pr_rec_add, pr_rec_abort, pr_rec_ping, pr_rec_down, pr_rec_out,
-    pr_rec_err, pr_rec_pong;
+    pr_rec_err, pr_rec_pong, pr_rec_lora;
 extern const struct pr_rec pr_rec_step, pr_rec_ctrl, pr_rec_ready, pr_rec_result, pr_rec_beat,
     pr_rec_fail, pr_rec_dist;
 

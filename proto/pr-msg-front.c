@@ -141,12 +141,17 @@ static const struct pr_field add_fields[] = {
                          PR_WHEN(PR_IF_NONZERO, add, n_images)},
     [PR_K_ADD_CACHE_SALT] = {PR_U(add, cache_salt), PR_WHEN(PR_IF_NONZERO, add, cache_salt)},
     [PR_K_ADD_LORA_SUM] = {PR_U(add, lora_sum), PR_WHEN(PR_IF_NONZERO, add, lora_sum)},
+    [PR_K_ADD_LORA_UID] = {PR_U(add, lora_uid), PR_WHEN(PR_IF_NONZERO, add, lora_uid)},
+    [PR_K_ADD_LORA_PATH] = {PR_STR(add, lora_path), .when = PR_IF_SET},
 };
 
 static int check_add(const void *rec) {
   const struct pr_add *m = rec;
   if (m->prompt.n == 0) return CM_ERR_INVAL;
   if (m->min_tokens > m->max_tokens) return CM_ERR_RANGE;
+  /* a run-time adapter: its id and its path, and no adapter of the list besides */
+  if (!m->lora_uid != !(m->lora_path && *m->lora_path)) return CM_ERR_INVAL;
+  if (m->lora_uid && (m->sampling.lora || m->lora_sum)) return CM_ERR_INVAL;
   PR_TRY(pr_check_images(m->images, m->n_images));
   return m->n_images && (uint64_t)m->images[m->n_images - 1].pos +
                                 m->images[m->n_images - 1].n_tokens > m->prompt.n
@@ -165,6 +170,20 @@ static const struct pr_field ping_fields[] = {
     [PR_K_PING_SEND] = {PR_U(ping, send_ns)},
 };
 const struct pr_rec pr_rec_ping = PR_REC(ping, ping_fields, NULL);
+
+/* LORA, LORA_DONE and LORA_ACK: one record, each message sending what it has (a field
+ * at its default is left out). */
+static const struct pr_field lora_fields[] = {
+    [PR_K_LORA_NONCE] = {PR_U(lora, nonce)},
+    [PR_K_LORA_OP] = {PR_UINT(lora, op, PR_LORA_UNLOAD), .flags = PR_F_ENUM},
+    [PR_K_LORA_UID] = {PR_U(lora, uid)},
+    [PR_K_LORA_PATH] = {PR_STR(lora, path), .when = PR_IF_SET},
+    [PR_K_LORA_RANK] = {PR_U(lora, rank)},
+    [PR_K_LORA_SLOT] = {PR_UINT(lora, slot, PR_MAX_LORAS)},
+    [PR_K_LORA_CODE] = {PR_I(lora, code)},
+    [PR_K_LORA_MESSAGE] = {PR_STR(lora, message)},
+};
+const struct pr_rec pr_rec_lora = PR_REC(lora, lora_fields, NULL);
 
 /* The message as in ERR: never NULL after decoding, NULL sent as "". */
 static const struct pr_field down_fields[] = {

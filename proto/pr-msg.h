@@ -65,10 +65,13 @@ enum pr_type {
   PR_PING = 3,
   /* supervisor (lmserve serve, or any frontend-side peer) -> scheduler */
   PR_DOWN = 4,
+  /* frontend -> scheduler */
+  PR_LORA = 5,
   /* scheduler -> frontend */
   PR_OUT = 16,
   PR_ERR = 17,
   PR_PONG = 18,
+  PR_LORA_DONE = 19,
   /* scheduler -> workers */
   PR_STEP = 32,
   PR_CTRL = 33,
@@ -79,6 +82,8 @@ enum pr_type {
   PR_FAIL = 51,
   /* scheduler <-> workers, at start-up */
   PR_DIST = 52,
+  /* worker -> scheduler */
+  PR_LORA_ACK = 53,
 };
 
 /* ---- slices: decoded ones live in the decode arena --------------------- */
@@ -223,6 +228,11 @@ struct pr_add {
                                     only requests with the same salt share cached blocks */
   uint64_t lora_sum;             /* with sampling.lora: the sender's adapter list (names and
                                     order, md_lora_list_sum), which must be the workers' */
+  /* a LoRA adapter loaded at run time (LORA): its id (never 0) and its folder or file,
+   * which the scheduler has its workers load when it holds no adapter of that id;
+   * 0 and NULL: none (sampling.lora and lora_sum are then 0) */
+  uint64_t lora_uid;
+  const char *lora_path;
 };
 
 struct pr_abort {
@@ -232,6 +242,28 @@ struct pr_abort {
 struct pr_ping {
   uint64_t nonce;   /* echoed in PONG */
   uint64_t send_ns; /* wall clock at send */
+};
+
+/* LORA (frontend -> scheduler): a LoRA adapter loaded at run time (POST
+ * /v1/load_lora_adapter) or unloaded. The scheduler gives a loaded adapter a slot, has
+ * every worker rank load it there (CTRL LORA_LOAD, each answering LORA_ACK) and
+ * answers LORA_DONE with the same nonce once they all have; requests name it by uid
+ * (pr_add.lora_uid). Unloading frees the slot once no request runs with it.
+ * LORA_DONE (scheduler -> frontend): nonce, code and message. LORA_ACK (worker ->
+ * scheduler): rank, slot, code and message. */
+enum pr_lora_op {
+  PR_LORA_LOAD = 1,
+  PR_LORA_UNLOAD = 2,
+};
+struct pr_lora {
+  uint64_t nonce;      /* LORA, LORA_DONE: the frontend's, answered with it */
+  uint32_t op;         /* LORA: enum pr_lora_op */
+  uint64_t uid;        /* LORA: the adapter's id (never 0) */
+  const char *path;    /* LORA load: its folder or GGUF file */
+  uint32_t rank;       /* LORA_ACK: the worker's rank */
+  uint32_t slot;       /* LORA_ACK: the slot it loaded (CTRL LORA_LOAD's arg) */
+  int32_t code;        /* LORA_DONE, LORA_ACK: 0 or a negative cm_err */
+  const char *message; /* why, when code is not 0 (sent as "" when NULL) */
 };
 
 /* DOWN: a worker rank's process has ended (its supervisor reaped it). The scheduler
@@ -372,11 +404,15 @@ enum pr_ctrl_op {
   PR_CTRL_SHUTDOWN = 1,      /* exit cleanly */
   PR_CTRL_PROFILE_START = 2, /* text = output path or NULL */
   PR_CTRL_PROFILE_STOP = 3,
-  PR_CTRL_ANNOUNCE = 4, /* to a worker: send READY again, dropping every sequence's state (the
-                           scheduler does not know this rank: it restarted, or gave the rank up) */
-  PR_CTRL_GRAMMARS = 5, /* to a worker: build the structured-output state (its vocabulary's
-                           trie) now, beside the steps it runs; BEAT says when it is there */
-  PR_CTRL_OP_MAX = 5,
+  PR_CTRL_ANNOUNCE = 4,  /* to a worker: send READY again, dropping every sequence's state (the
+                            scheduler does not know this rank: it restarted, or gave the rank up) */
+  PR_CTRL_GRAMMARS = 5,  /* to a worker: build the structured-output state (its vocabulary's
+                            trie) now, beside the steps it runs; BEAT says when it is there */
+  PR_CTRL_LORA_LOAD = 6, /* to a worker: load the LoRA adapter at path `text` into slot `arg`
+                            (after the static ones, PR_MAX_LORAS at most), replacing the one
+                            there; LORA_ACK answers */
+  PR_CTRL_LORA_DROP = 7, /* to a worker: free slot `arg`'s adapter */
+  PR_CTRL_OP_MAX = 7,
 };
 
 struct pr_ctrl {
@@ -505,6 +541,7 @@ struct pr_msg {
     struct pr_beat beat;
     struct pr_fail fail;
     struct pr_dist dist;
+    struct pr_lora lora; /* LORA, LORA_DONE, LORA_ACK */
   } u;
 };
 

@@ -9,20 +9,27 @@
  * is B (A x)). KV-shared layers compute no K or V, so an adapter's K and V there
  * are not loaded: they change nothing, as in transformers.
  *
+ * The adapters of --lora-modules take slots 1 .. n_lora, in order, for the process's
+ * life; those loaded at run time (wk_model_set_lora, the scheduler's CTRL LORA_LOAD)
+ * take the slots after them, up to WK_MAX_LORAS, each in memory of its own that
+ * wk_model_drop_lora frees.
+ *
  * A batch's sequences name their adapter (wk_seq_input.lora); the rows of
  * neighbouring sequences with the same adapter form a run, and each run adds
  * (x A^T) B^T to a projection's output with two kn_matmul calls, the second
  * accumulating. A row's result depends only on the row (kn_matmul's rows are
  * independent), so batching keeps its bits. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "proto/pr-msg.h"
 #include "worker/wk-model-impl.h"
 #include "worker/wk-model.h"
 
-#define WK_MAX_LORAS 64
+#define WK_MAX_LORAS PR_MAX_LORAS
 
 static const struct wk_w *base_w(const struct wk_layer_w *w, enum md_lora_mod mod) {
   switch (mod) {
@@ -37,14 +44,15 @@ static const struct wk_w *base_w(const struct wk_layer_w *w, enum md_lora_mod mo
   }
 }
 
-/* rows x cols floats of t from (r0, c0), times mul, into new backend memory *out. */
-static int upload(struct wk_model *m, const struct md_tensor *t, int r0, int rows, int c0, int cols,
-                  float mul, float **out) {
+/* rows x cols floats of t from (r0, c0), times mul, into new backend memory *out of
+ * the adapter o's. */
+static int upload(struct wk_model *m, struct wk_lora *o, const struct md_tensor *t, int r0,
+                  int rows, int c0, int cols, float mul, float **out) {
   size_t n = (size_t)rows * (size_t)cols;
   float *host = malloc(sizeof(float) * n);
   if (!host) return CM_ERR_NOMEM;
   int rc = md_lora_read_f32(t, r0, rows, c0, cols, mul, host);
-  float *dev = rc ? NULL : wk_model_alloc(m, sizeof(float) * n);
+  float *dev = rc ? NULL : wk_owned_alloc(&o->owned, m->be, sizeof(float) * n);
   if (!rc && !dev) rc = CM_ERR_NOMEM;
   if (!rc) rc = kn_upload(m->be, dev, host, sizeof(float) * n);
   free(host);
@@ -72,8 +80,8 @@ static int load_mods(struct wk_model *m, const struct md_lora *l, struct wk_lora
                        layer, md_lora_mod_name((enum md_lora_mod)mod), r0, w->rows, c0, w->cols,
                        out, in);
       struct wk_lora_w *d = &o->w[layer][mod];
-      int rc = upload(m, mw->a, 0, l->rank, c0, w->cols, 1.0f, &d->a);
-      if (!rc) rc = upload(m, mw->b, r0, w->rows, 0, l->rank, (float)l->scale, &d->b);
+      int rc = upload(m, o, mw->a, 0, l->rank, c0, w->cols, 1.0f, &d->a);
+      if (!rc) rc = upload(m, o, mw->b, r0, w->rows, 0, l->rank, (float)l->scale, &d->b);
       if (rc)
         return cm_fail(err, errlen, rc, "layer %d %s: %s", layer,
                        md_lora_mod_name((enum md_lora_mod)mod), cm_strerror(rc));
@@ -84,33 +92,39 @@ static int load_mods(struct wk_model *m, const struct md_lora *l, struct wk_lora
   return 0;
 }
 
-int wk_model_add_lora(struct wk_model *m, const char *name, const char *dir, char *err,
-                      size_t errlen) {
+/* Slot o's adapter and its memory freed; the slot is empty. */
+static void lora_clear(struct wk_model *m, struct wk_lora *o) {
+  wk_owned_free(&o->owned, m->be);
+  free(o->w);
+  memset(o, 0, sizeof(*o));
+}
+
+/* The adapter in dir into the empty slot `slot` (max_rank > 0: refused above it). */
+static int lora_load(struct wk_model *m, int slot, const char *name, const char *dir, int max_rank,
+                     char *err, size_t errlen) {
   char why[768] = "";
   if (m->target)
     return cm_fail(err, errlen, CM_ERR_INVAL, "LoRA adapter %s: an assistant model takes none",
                    name);
-  if (m->n_lora >= WK_MAX_LORAS)
-    return cm_fail(err, errlen, CM_ERR_TOOBIG, "LoRA adapter %s: more than %d adapters", name,
-                   WK_MAX_LORAS);
+  if (!m->loras && !(m->loras = calloc(WK_MAX_LORAS, sizeof(*m->loras))))
+    return cm_fail(err, errlen, CM_ERR_NOMEM, "LoRA adapter %s: out of memory", name);
   struct md_lora *l = NULL;
   int rc = md_lora_open(dir, &m->full, &l, why, sizeof(why));
   if (rc) return cm_fail(err, errlen, rc, "LoRA adapter %s: %s", name, why);
-  struct wk_lora *all = realloc(m->loras, sizeof(*all) * (size_t)(m->n_lora + 1));
-  if (!all) {
+  if (max_rank > 0 && l->rank > max_rank) {
+    int r = l->rank;
     md_lora_close(l);
-    return cm_fail(err, errlen, CM_ERR_NOMEM, "LoRA adapter %s: out of memory", name);
+    return cm_fail(err, errlen, CM_ERR_RANGE,
+                   "LoRA adapter %s has rank %d, above --max-lora-rank %d", name, r, max_rank);
   }
-  m->loras = all;
-  struct wk_lora *o = &all[m->n_lora];
-  memset(o, 0, sizeof(*o));
+  struct wk_lora *o = &m->loras[slot - 1];
   o->rank = l->rank;
   o->w = calloc((size_t)m->cfg.n_layers, sizeof(*o->w));
   rc = o->w ? load_mods(m, l, o, why, sizeof(why)) : CM_ERR_NOMEM;
   md_lora_close(l);
   if (!rc && !m->lora_run && !(m->lora_run = calloc((size_t)m->max_seqs, sizeof(*m->lora_run))))
     rc = CM_ERR_NOMEM;
-  if (!rc && o->rank > m->lora_rank) {
+  if (!rc && o->rank > m->lora_rank) { /* (the smaller scratch stays with the model's memory) */
     float *tmp = wk_model_alloc(m, sizeof(float) * (size_t)m->max_T * (size_t)o->rank);
     if (!tmp)
       rc = CM_ERR_NOMEM;
@@ -118,12 +132,48 @@ int wk_model_add_lora(struct wk_model *m, const char *name, const char *dir, cha
       m->lora_tmp = tmp, m->lora_rank = o->rank;
   }
   if (rc) {
-    free(o->w); /* its backend buffers go with the model's */
+    lora_clear(m, o);
     return cm_fail(err, errlen, rc, "LoRA adapter %s (%s): %s", name, dir,
                    why[0] ? why : cm_strerror(rc));
   }
-  m->n_lora++;
   return 0;
+}
+
+int wk_model_add_lora(struct wk_model *m, const char *name, const char *dir, char *err,
+                      size_t errlen) {
+  if (m->n_lora >= WK_MAX_LORAS)
+    return cm_fail(err, errlen, CM_ERR_TOOBIG, "LoRA adapter %s: more than %d adapters", name,
+                   WK_MAX_LORAS);
+  if (m->loras && m->loras[m->n_lora].w) /* (a run-time adapter would be overwritten) */
+    return cm_fail(err, errlen, CM_ERR_INVAL, "LoRA adapter %s: slot %d is taken", name,
+                   m->n_lora + 1);
+  int rc = lora_load(m, m->n_lora + 1, name, dir, 0, err, errlen);
+  if (!rc) m->n_lora++;
+  return rc;
+}
+
+int wk_model_set_lora(struct wk_model *m, int slot, const char *dir, int max_rank, char *err,
+                      size_t errlen) {
+  if (slot <= m->n_lora || slot > WK_MAX_LORAS)
+    return cm_fail(err, errlen, CM_ERR_RANGE, "LoRA slot %d: run-time adapters take slots %d to %d",
+                   slot, m->n_lora + 1, WK_MAX_LORAS);
+  wk_model_drop_lora(m, slot);
+  char name[32];
+  snprintf(name, sizeof(name), "in slot %d", slot);
+  return lora_load(m, slot, name, dir, max_rank, err, errlen);
+}
+
+void wk_model_drop_lora(struct wk_model *m, int slot) {
+  if (m->loras && slot > m->n_lora && slot <= WK_MAX_LORAS) lora_clear(m, &m->loras[slot - 1]);
+}
+
+void wk_model_drop_run_time_loras(struct wk_model *m) {
+  for (int slot = m->n_lora + 1; slot <= WK_MAX_LORAS; slot++)
+    wk_model_drop_lora(m, slot);
+}
+
+int wk_model_has_lora(const struct wk_model *m, int slot) {
+  return slot >= 1 && slot <= WK_MAX_LORAS && m->loras && m->loras[slot - 1].w;
 }
 
 int wk_model_n_lora(const struct wk_model *m) {
@@ -135,8 +185,8 @@ int wk_model_lora_rank(const struct wk_model *m, int lora) {
 }
 
 void wk_lora_free(struct wk_model *m) {
-  for (int i = 0; i < m->n_lora; i++)
-    free(m->loras[i].w);
+  for (int i = 0; m->loras && i < WK_MAX_LORAS; i++)
+    lora_clear(m, &m->loras[i]);
   free(m->loras);
   free(m->lora_run);
   m->loras = NULL;
@@ -157,10 +207,10 @@ int wk_lora_runs(struct wk_model *m, const struct wk_batch *b, char *err, size_t
   int T = 0;
   for (int s = 0; s < b->n_seqs; s++) {
     const struct wk_seq_input *q = &b->seqs[s];
-    if (q->lora < 0 || q->lora > m->n_lora)
+    if (q->lora && !wk_model_has_lora(m, q->lora))
       return cm_fail(err, errlen, CM_ERR_RANGE,
-                     "forward: sequence %d: LoRA adapter %d (the model has %d)", s, q->lora,
-                     m->n_lora);
+                     "forward: sequence %d: LoRA adapter %d, which the model does not hold", s,
+                     q->lora);
     if (q->lora && !q->pad) wk_lora_push(m, T, q->n_tokens, q->lora);
     T += q->n_tokens;
   }

@@ -82,6 +82,7 @@ struct wk_proc {
   uint32_t world, max_draft, max_seqs, max_tokens;
   uint32_t audio_tokens, audio_bytes; /* the longest clip's; 0 without an audio tower */
   uint64_t lora_sum;                  /* --lora-modules' (md_lora_list_sum) */
+  int max_lora_rank;                  /* --max-lora-rank (0: any), for run-time adapters too */
   pthread_mutex_t quit_mu; /* with quit_cv: wakes the beat thread */
   pthread_cond_t quit_cv;
 };
@@ -102,6 +103,34 @@ static void send_fail(struct wk_proc *p, uint64_t step_id, int code, const char 
   m.u.fail.message = why;
   int rc = send_locked(p, &m);
   if (rc) cm_error(TAG, "cannot send FAIL: %s", cm_strerror(rc));
+}
+
+/* CTRL LORA_LOAD (answered with LORA_ACK) and LORA_DROP: a run-time adapter in or out
+ * of its slot. The open step, if any, has answered before: no forward runs meanwhile. */
+static void lora_ctrl(struct wk_proc *p, const struct pr_ctrl *c) {
+  int slot = c->arg > 0 && c->arg <= PR_MAX_LORAS ? (int)c->arg : 0;
+  if (c->op == PR_CTRL_LORA_DROP) {
+    wk_model_drop_lora(p->model, slot);
+    cm_info(TAG, "LoRA slot %d freed", slot);
+    return;
+  }
+  char err[512] = "";
+  int rc = !slot || !c->text
+               ? cm_fail(err, sizeof(err), CM_ERR_INVAL,
+                         "LORA_LOAD needs a slot (1 .. %d) and a path", PR_MAX_LORAS)
+               : wk_model_set_lora(p->model, slot, c->text, p->max_lora_rank, err, sizeof(err));
+  if (rc)
+    cm_warn(TAG, "LoRA slot %d: %s", slot, err);
+  else
+    cm_info(TAG, "LoRA adapter %s loaded into slot %d", c->text, slot);
+  struct pr_msg m;
+  pr_msg_init(&m, PR_LORA_ACK);
+  m.u.lora.rank = p->rank;
+  m.u.lora.slot = (uint32_t)slot;
+  m.u.lora.code = rc;
+  m.u.lora.message = err;
+  int src = send_locked(p, &m);
+  if (src) cm_error(TAG, "cannot send LORA_ACK: %s", cm_strerror(src));
 }
 
 static int beat_due(struct wk_proc *p) {
@@ -402,10 +431,15 @@ static int serve(struct wk_proc *p, struct wk_role *role, uint32_t world, int pi
       }
       if (m.u.ctrl.op == PR_CTRL_ANNOUNCE) { /* a restarted scheduler, or one that gave us up */
         wk_role_reset(role);
+        wk_model_drop_run_time_loras(p->model); /* (it knows none of their slots) */
         rc = send_ready(p);
         __atomic_store_n(&p->beat_flags, 0, __ATOMIC_RELEASE); /* READY cleared them */
         cm_info(TAG, "the scheduler does not know this rank: sequence state dropped, READY %s",
                 rc ? "could not be sent" : "sent again");
+        continue;
+      }
+      if (m.u.ctrl.op == PR_CTRL_LORA_LOAD || m.u.ctrl.op == PR_CTRL_LORA_DROP) {
+        lora_ctrl(p, &m.u.ctrl);
         continue;
       }
       if (m.u.ctrl.op == PR_CTRL_GRAMMARS) {
@@ -694,6 +728,7 @@ int wk_worker_main(int argc, char **argv) {
       goto done;
     }
   p.lora_sum = md_lora_list_sum(loras, n_lora);
+  p.max_lora_rank = (int)max_lora_rank;
   if (spec_dir && !ngram && (rc = wk_draft_load(spec_dir, m, &mo, &draft, err, sizeof(err)))) {
     fprintf(stderr, "lmserve worker: --speculative-model: %s\n", err);
     goto done;

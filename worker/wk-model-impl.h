@@ -201,8 +201,8 @@ struct wk_model {
   struct wk_seq_input *dseqs; /* host [max_seqs] */
 
   /* LoRA adapters (wk-lora.c) */
-  struct wk_lora *loras;        /* [n_lora] */
-  int n_lora, lora_rank;        /* adapters, and the largest rank among them */
+  struct wk_lora *loras;        /* [PR_MAX_LORAS] slot i + 1 (w NULL: empty); NULL: none yet */
+  int n_lora, lora_rank;        /* --lora-modules' (slots 1 .. n_lora), the largest rank */
   float *lora_tmp;              /* backend [T, lora_rank]: x A^T of a run */
   struct wk_lora_run *lora_run; /* host [max_seqs]: the batch's runs of rows with an adapter */
   int n_lora_run;
@@ -243,7 +243,8 @@ struct wk_lora_w {
 };
 struct wk_lora {
   int rank;
-  struct wk_lora_w (*w)[MD_LORA_N_MODS]; /* [n_layers] */
+  struct wk_lora_w (*w)[MD_LORA_N_MODS]; /* [n_layers]; NULL: an empty slot */
+  struct wk_owned owned;                 /* its backend memory */
 };
 /* Rows [t0, t0 + n) of a batch run with adapter `lora` (1-based). */
 struct wk_lora_run {

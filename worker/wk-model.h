@@ -144,6 +144,18 @@ uint64_t wk_model_shard_sum(const struct wk_model *m);
 int wk_model_add_lora(struct wk_model *m, const char *name, const char *dir, char *err,
                       size_t errlen);
 int wk_model_n_lora(const struct wk_model *m);
+/* A LoRA adapter loaded at run time (the scheduler's CTRL LORA_LOAD) into slot `slot`,
+ * after wk_model_n_lora's and up to PR_MAX_LORAS, in place of the one there; max_rank
+ * > 0 refuses a higher rank. 0, or a negative cm_err with the reason (the slot is
+ * then empty). */
+int wk_model_set_lora(struct wk_model *m, int slot, const char *dir, int max_rank, char *err,
+                      size_t errlen);
+/* Frees slot `slot`'s run-time adapter (the list's stay). */
+void wk_model_drop_lora(struct wk_model *m, int slot);
+/* Frees every run-time adapter. */
+void wk_model_drop_run_time_loras(struct wk_model *m);
+/* Whether slot `slot` holds an adapter. */
+int wk_model_has_lora(const struct wk_model *m, int slot);
 /* Adapter lora's rank (1 .. wk_model_n_lora). */
 int wk_model_lora_rank(const struct wk_model *m, int lora);
 
@@ -176,7 +188,8 @@ struct wk_seq_input {
   const struct wk_seq_embed *embeds; /* [n_embeds] replaced embeddings (taken as they
                                         are: no embedding scale), or NULL */
   int n_embeds;
-  int lora; /* the LoRA adapter it runs with: 1 .. wk_model_n_lora, 0 = none */
+  int lora; /* the LoRA adapter it runs with: a slot that holds one (wk_model_has_lora), 0 =
+               none */
   int pad;  /* 1: a padding row, as CUDA-graph buckets fill a decode step up to a fixed
               size: its one token runs at pos0 (inside the first block) against the page
               block_tables[g][0], writes no KV (slot -1) and has no output (n_out 0);

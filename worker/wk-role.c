@@ -682,10 +682,10 @@ static int check_step(struct wk_role *r, const struct pr_step *st, char *err, si
       /* the first draft is checked against the logits of the token before it */
       return cm_fail(err, errlen, CM_ERR_INVAL, "sequence %llu: drafts without a token before them",
                      id);
-    if (is_new && s->sampling.lora > (uint32_t)wk_model_n_lora(r->model))
+    if (is_new && s->sampling.lora && !wk_model_has_lora(r->model, (int)s->sampling.lora))
       return cm_fail(err, errlen, CM_ERR_RANGE,
-                     "sequence %llu: LoRA adapter %u (this worker holds %d)", id, s->sampling.lora,
-                     wk_model_n_lora(r->model));
+                     "sequence %llu: LoRA adapter %u, which this worker does not hold", id,
+                     s->sampling.lora);
     if (is_new && s->sampling.grammar_kind) {
       int rc = grammars(r, err, errlen);
       if (rc) return rc;

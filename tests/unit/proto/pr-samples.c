@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static const enum pr_type types[] = {PR_ADD,  PR_ABORT, PR_PING, PR_OUT,   PR_ERR,
-                                     PR_PONG, PR_STEP,  PR_CTRL, PR_READY, PR_RESULT,
-                                     PR_BEAT, PR_FAIL,  PR_DIST, PR_DOWN};
+static const enum pr_type types[] = {PR_ADD,  PR_ABORT, PR_PING,  PR_OUT,       PR_ERR,     PR_PONG,
+                                     PR_STEP, PR_CTRL,  PR_READY, PR_RESULT,    PR_BEAT,    PR_FAIL,
+                                     PR_DIST, PR_DOWN,  PR_LORA,  PR_LORA_DONE, PR_LORA_ACK};
 static const char *const variants[] = {"typical", "minimal", "max"};
 
 enum { NV = 3, BIG = 300 /* entries in the "large" arrays: past the 16-bit array header */ };
@@ -143,7 +143,12 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     a->arrival_ns = v == 2 ? UINT64_MAX : v == 0 ? 1795000000123456789ull : 0;
     /* v 0: a salt whose low 32 bits are 0 (once not sent: its test read 32 bits) */
     a->cache_salt = v == 2 ? UINT64_MAX : v == 0 ? 0x8badf00d00000000ull : 0;
-    a->lora_sum = v == 2 ? UINT64_MAX : v == 0 ? 0x1234000000000000ull : 0;
+    a->lora_sum = v == 2 ? UINT64_MAX : 0;
+    if (v == 0) { /* an adapter loaded at run time, in place of one of the list */
+      a->sampling.lora = 0;
+      a->lora_uid = 0x8badf00d00000001ull;
+      a->lora_path = "/srv/adapters/sql-lora";
+    }
     if (v == 0) { /* two images of 3 and 2 soft tokens, an audio clip of 1 */
       for (size_t i = 0; i < sizeof(pixels); i++)
         pixels[i] = (uint8_t)(i * 37u);
@@ -348,6 +353,25 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     m->u.beat.time_ns = v == 2 ? UINT64_MAX : v == 0 ? 1795000000000000000ull : 0;
     m->u.beat.flags = v == 2 ? PR_BEAT_FLAGS_ALL : v == 0 ? PR_BEAT_GRAMMARS : 0;
     break;
+  case PR_LORA:
+  case PR_LORA_DONE:
+  case PR_LORA_ACK: {
+    struct pr_lora *l = &m->u.lora;
+    l->nonce = t == PR_LORA_ACK ? 0 : v == 2 ? UINT64_MAX : (uint64_t)v * 5 + 1;
+    if (t == PR_LORA) {
+      l->op = v == 1 ? PR_LORA_UNLOAD : PR_LORA_LOAD;
+      l->uid = v == 2 ? UINT64_MAX : 0x1234567800000009ull;
+      l->path = v == 0 ? "/srv/adapters/chat" : v == 2 ? longstr : NULL;
+    } else {
+      l->code = v == 2 ? INT32_MIN : v == 0 ? -2 : 0;
+      l->message = v == 0 ? "adapter_config.json: no such file" : v == 1 ? "" : longstr;
+      if (t == PR_LORA_ACK) {
+        l->rank = v == 2 ? UINT32_MAX : v == 0 ? 1 : 0;
+        l->slot = v == 2 ? PR_MAX_LORAS : 3;
+      }
+    }
+    break;
+  }
   case PR_FAIL:
     m->u.fail.rank = v == 2 ? UINT32_MAX : 1;
     m->u.fail.step_id = v == 2 ? UINT64_MAX : 8;

@@ -23,6 +23,7 @@
 
 #include "common/cm-fs.h"
 #include "common/cm-proc.h"
+#include "proto/pr-msg.h"
 #include "tests/unit/worker/wk-test-util.h"
 
 #define LOGIT_TOL 1e-5 /* of the reference's logit range (f32 against float64) */
@@ -275,6 +276,81 @@ TH_TEST(lora_batch_bits) {
   wk_seq_blocks_release(&c.blk, f.kv, &f.pa);
   for (int i = 0; i < 2; i++)
     wk_seq_blocks_release(&d[i].blk, f.kv, &f.pa);
+  teardown(&f);
+}
+
+/* Run-time adapters (the scheduler's CTRL LORA_LOAD): an adapter set into a slot after
+ * the list's gives the bits it gives as one of the list, beside the list's in one batch;
+ * a slot set again runs its new adapter; a dropped slot is refused by the forward; a
+ * bad folder or a rank above the cap leaves the slot empty and the model serving. */
+TH_TEST(lora_run_time_slots) {
+  struct fx f;
+  setup(&f, "gemma3");
+  char a1[4200], a2[4200];
+  make_adapter(&f, "one", a1, sizeof(a1), (char *[]){"--rank", "4", "--seed", "3", NULL});
+  make_adapter(&f, "two", a2, sizeof(a2),
+               (char *[]){"--rank", "16", "--targets", "k_proj,o_proj,gate_proj,up_proj", "--seed",
+                          "4", NULL});
+  add_lora(&f, "one", a1);
+  add_lora(&f, "two", a2);
+  int32_t p[MAX_T];
+  const int len = 29;
+  prompt(p, len, f.V, 7);
+  float *want1 = run_alone(&f, p, len, 1), *want2 = run_alone(&f, p, len, 2);
+  char err[1024] = "";
+  TH_CHECK(!wk_model_has_lora(f.m, 5));
+  TH_REQUIRE(wk_model_set_lora(f.m, 5, a2, 0, err, sizeof(err)) == 0);
+  TH_CHECK(wk_model_has_lora(f.m, 5) && wk_model_n_lora(f.m) == 2);
+  float *got = run_alone(&f, p, len, 5);
+  TH_CHECK(memcmp(got, want2, sizeof(float) * (size_t)len * f.V) == 0);
+  free(got);
+  /* beside a list's adapter in one batch */
+  struct seq s[2];
+  struct seq *ss[2] = {&s[0], &s[1]};
+  int p0[2] = {0, 0}, ls[2] = {len, len};
+  seq_init(&f, &s[0], p, len, 1);
+  seq_init(&f, &s[1], p, len, 5);
+  float *out = malloc(sizeof(float) * 2 * (size_t)len * f.V);
+  TH_REQUIRE(out);
+  forward(&f, ss, p0, ls, 2, out);
+  TH_CHECK(memcmp(out, want1, sizeof(float) * (size_t)len * f.V) == 0);
+  TH_CHECK(memcmp(out + (size_t)len * f.V, want2, sizeof(float) * (size_t)len * f.V) == 0);
+  free(out);
+  for (int i = 0; i < 2; i++)
+    wk_seq_blocks_release(&s[i].blk, f.kv, &f.pa);
+  /* the slot set again: its new adapter, of another rank */
+  TH_REQUIRE(wk_model_set_lora(f.m, 5, a1, 0, err, sizeof(err)) == 0);
+  got = run_alone(&f, p, len, 5);
+  TH_CHECK(memcmp(got, want1, sizeof(float) * (size_t)len * f.V) == 0);
+  free(got);
+  /* dropped: the forward refuses it; the list's slots are not run-time ones */
+  wk_model_drop_lora(f.m, 5);
+  TH_CHECK(!wk_model_has_lora(f.m, 5));
+  struct seq d;
+  seq_init(&f, &d, p, len, 5);
+  struct wk_seq_input in = seq_input(&f, &d, 0, len);
+  float *lg = malloc(sizeof(float) * (size_t)len * f.V);
+  TH_REQUIRE(lg);
+  struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = lg};
+  TH_CHECK(wk_model_forward(f.m, &b, err, sizeof(err)) == CM_ERR_RANGE);
+  free(lg);
+  wk_seq_blocks_release(&d.blk, f.kv, &f.pa);
+  TH_CHECK(wk_model_set_lora(f.m, 2, a1, 0, err, sizeof(err)) == CM_ERR_RANGE);
+  TH_CHECK(wk_model_set_lora(f.m, PR_MAX_LORAS + 1, a1, 0, err, sizeof(err)) == CM_ERR_RANGE);
+  /* refused: the slot stays empty, the model serves on */
+  char missing[4300];
+  snprintf(missing, sizeof(missing), "%s/nothing-here", f.dir);
+  TH_CHECK(wk_model_set_lora(f.m, 6, missing, 0, err, sizeof(err)) < 0);
+  TH_CHECK(strstr(err, "adapter_config.json") != NULL);
+  TH_CHECK(!wk_model_has_lora(f.m, 6));
+  TH_CHECK(wk_model_set_lora(f.m, 6, a2, 8, err, sizeof(err)) == CM_ERR_RANGE);
+  TH_CHECK(strstr(err, "rank 16") != NULL && !wk_model_has_lora(f.m, 6));
+  got = run_alone(&f, p, len, 2);
+  TH_CHECK(memcmp(got, want2, sizeof(float) * (size_t)len * f.V) == 0);
+  free(got);
+  wk_model_drop_run_time_loras(f.m);
+  free(want1);
+  free(want2);
   teardown(&f);
 }
 
