@@ -939,6 +939,13 @@ static int parse_model(struct pctx *p, json_t *body, const struct fe_api_config 
       p->r->lora = i + 1;
       p->r->lora_sum = cfg->lora_sum;
     }
+  for (int i = 0; !p->r->model && i < cfg->n_run_loras; i++)
+    if (!strcmp(want, cfg->run_loras[i].name)) { /* copied: it may be unloaded meanwhile */
+      const char *path = cfg->run_loras[i].path;
+      p->r->lora_path = cm_arena_strndup(&p->r->arena, path, strlen(path));
+      if (!p->r->lora_path || !(p->r->model = dup_str(p, v, NULL))) return nomem(p);
+      p->r->lora_uid = cfg->run_loras[i].uid;
+    }
   if (!p->r->model) return fail(p, 404, "model", "The model `%.200s` does not exist.", want);
   return 0;
 }

@@ -147,6 +147,8 @@ struct fe_api_request {
                           among requests with the same salt */
   int lora;            /* the LoRA adapter "model" named: 1 .. fe_api_config.n_loras, 0 = none */
   uint64_t lora_sum;   /* with lora: the adapter list's md_lora_list_sum, for the scheduler */
+  uint64_t lora_uid;   /* a run-time adapter named (fe_api_config.run_loras): its id, and */
+  const char *lora_path; /* its path (in the arena); 0 and NULL: none */
   int echo;          /* completions: each choice's text after its prompt's; chat: after the last
                         message's content when that is the assistant's (vLLM's echo) */
   int stream;
@@ -259,6 +261,13 @@ struct fe_api_model {
 struct md_sampling; /* model/md-config.h */
 struct fe_rstore;   /* fe-rstore.h */
 
+/* A LoRA adapter loaded at run time (POST /v1/load_lora_adapter): its name, its path
+ * and the id the scheduler knows it by. */
+struct fe_api_lora {
+  char *name, *path;
+  uint64_t uid;
+};
+
 struct fe_api_config {
   const char *model_name; /* the served model; requests may also omit "model" */
   int64_t max_model_len;  /* tokens; 0: unknown (no length checks) */
@@ -287,6 +296,9 @@ struct fe_api_config {
   /* vLLM's --scheduling-policy fcfs: a request's priority other than 0 is a 400 (0:
    * priorities are honoured, the policy "priority") */
   int fcfs;
+  /* the LoRA adapters loaded at run time, served as models of their own too */
+  const struct fe_api_lora *run_loras;
+  int n_run_loras;
 };
 
 /* Parses and validates body[0..len). Returns 0 and fills `out`, or a

@@ -133,6 +133,8 @@ static int send_step(struct fe_eng_req *r, size_t pi, int j) {
   a->cache_salt = r->api->cache_salt;
   a->sampling.lora = (uint32_t)r->api->lora;
   a->lora_sum = r->api->lora_sum;
+  a->lora_uid = r->api->lora_uid;
+  a->lora_path = r->api->lora_path;
   a->images = r->images;
   a->n_images = (uint32_t)r->n_images;
   if ((rc = fe_eng_send_add(r, ch, &m))) return rc;

@@ -194,6 +194,8 @@ struct fe_engine {
   uint64_t next_id;    /* scheduler request ids, unique over the replicas */
   uint64_t created_ns; /* monotonic */
   uint64_t stats_ns;   /* monotonic: the last stats lines */
+  struct fe_eng_lora_op *lora_ops; /* run-time LoRA loads and unloads waiting for answers */
+  uint64_t lora_nonce;
 
   /* request id -> choice: open addressing, linear probing */
   struct fe_eng_choice **map; /* (map_cap) */
@@ -215,6 +217,16 @@ struct fe_engine {
 static inline int fe_eng_pong_restarted(const struct pr_pong *a, const struct pr_pong *b) {
   return b->generation_tokens < a->generation_tokens || b->prompt_tokens < a->prompt_tokens;
 }
+
+/* fe-engine-lora.c: run-time LoRA adapters (the router's lora hook) */
+struct fe_eng_lora_op;
+int fe_eng_lora(void *ud, int op, uint64_t uid, const char *path, fe_lora_done_fn done, void *arg);
+/* A replica's LORA_DONE; a replica lost (its answers will not come); loads past their
+ * time; everything freed (nothing told). */
+void fe_eng_on_lora_done(struct fe_replica *p, const struct pr_lora *m);
+void fe_eng_lora_lost(struct fe_replica *p);
+void fe_eng_lora_tick(struct fe_engine *e, uint64_t now_ns);
+void fe_eng_lora_free(struct fe_engine *e);
 
 /* fe-engine-log.c: the operators' lines (fe_engine_config's log_*) */
 /* Request r's prompt pi received: its text (NULL: given as ids), ids and parameters. */

@@ -973,6 +973,8 @@ static void submit_tokenized(struct fe_engine *e, struct fe_conn *c, struct tok_
       a->cache_salt = req->cache_salt;
       a->sampling.lora = (uint32_t)req->lora;
       a->lora_sum = req->lora_sum;
+      a->lora_uid = req->lora_uid;
+      a->lora_path = req->lora_path;
       a->images = r->images;
       a->n_images = (uint32_t)r->n_images;
       int src = fe_eng_send_add(r, &r->ch[k], &m);

@@ -233,6 +233,7 @@ void fe_eng_lost(struct fe_replica *p, const char *why) {
     cm_error(TAG, "%s: %d request(s) failed, %d waiting to be sent again", msg, n_failed, n_parked);
   else
     cm_error(TAG, "%s", msg);
+  fe_eng_lora_lost(p);
   e->pumping = was_pumping;
   if (!was_pumping) fe_eng_pump(e);
 }
@@ -379,6 +380,7 @@ static void dispatch(struct fe_replica *p, const struct pr_msg *m) {
   case PR_PONG: on_pong(p, &m->u.pong); break;
   case PR_OUT: fe_eng_on_out(p->e, &m->u.out); break;
   case PR_ERR: fe_eng_on_err(p->e, &m->u.err); break;
+  case PR_LORA_DONE: fe_eng_on_lora_done(p, &m->u.lora); break;
   default:
     cm_warn(TAG, "scheduler %s sent %s, not a frontend message; dropped", p->endpoint,
             pr_type_name(m->type));
@@ -453,6 +455,7 @@ static void on_timer(uv_timer_t *t) {
   for (int i = 0; i < e->n_rep; i++)
     fe_eng_ping(&e->rep[i]);
   fe_eng_log_stats(e, now);
+  fe_eng_lora_tick(e, now);
 }
 
 /* ---- model files --------------------------------------------------------- */
@@ -810,6 +813,7 @@ fail:
 void fe_engine_destroy(struct fe_engine *e) {
   if (!e) return;
   fail_all(e, 503, "the frontend is shutting down");
+  fe_eng_lora_free(e);
   if (e->handles_open) {
     uv_close((uv_handle_t *)&e->timer, close_cb);
     for (int i = 0; i < e->n_rep; i++) {
@@ -903,5 +907,6 @@ void fe_engine_hooks_get(struct fe_engine *e, struct fe_engine_hooks *out) {
   out->max_model_len = hook_max_model_len;
   out->model = hook_model;
   out->props = hook_props;
+  out->lora = fe_eng_lora;
   out->ud = e;
 }

@@ -228,6 +228,7 @@ int fe_frontend_main(int argc, char **argv) {
   int id_headers = 0;
   struct fe_main_log lg = {.stats_s = 10};
   struct fe_main_policy pol = {0};
+  int runtime_lora = 0;
   const char *ssl_key = NULL, *ssl_cert = NULL, *ssl_ca = NULL;
   uint64_t max_image_bytes = 20u << 20;
   uint64_t store_size = 64u << 20; /* bytes: the Responses API's store */
@@ -239,6 +240,7 @@ int fe_frontend_main(int argc, char **argv) {
       {"api-key-file", CM_OPT_STR, &key_file, "FILE", FE_MAIN_API_KEY_FILE_HELP},
       {"served-model-name", CM_OPT_STRS, &names, "NAME", FE_MAIN_SERVED_NAME_HELP},
       {"lora-modules", CM_OPT_STRS, &lora_args, "NAME=PATH", MD_LORA_MODULES_HELP},
+      {"allow-runtime-lora-updating", CM_OPT_BOOL, &runtime_lora, NULL, MD_RUNTIME_LORA_HELP},
       {"ssl-keyfile", CM_OPT_STR, &ssl_key, "FILE",
        "PEM private key: serve HTTPS (with --ssl-certfile)"},
       {"ssl-certfile", CM_OPT_STR, &ssl_cert, "FILE",
@@ -428,6 +430,8 @@ int fe_frontend_main(int argc, char **argv) {
   rcfg.responses_store = store_size;
   rcfg.request_id_headers = id_headers;
   rcfg.max_logprobs = (int)pol.max_logprobs;
+  const char *rl = getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
+  rcfg.runtime_lora = runtime_lora || (rl && (!strcmp(rl, "1") || !strcasecmp(rl, "true")));
   rcfg.fcfs = fcfs;
   rcfg.lora_names = lora_names;
   rcfg.lora_paths = lora_paths;

@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "common/cm-err.h"
+#include "common/cm-hash.h"
 #include "common/cm-hex.h"
+#include "common/cm-log.h"
 #include "common/cm-time.h"
 #include "frontend/fe-api-error.h"
 #include "frontend/fe-api-resp.h"
@@ -16,8 +18,11 @@
 #include "frontend/fe-rstore.h"
 #include "lmserve-config.h"
 #include "model/md-config.h"
+#include "proto/pr-msg.h"
 
+#define TAG                    "fe-route"
 #define MAX_KEYS 256 /* API keys */
+#define FE_ROUTE_MAX_RUN_LORAS 256 /* run-time LoRA adapters served at once */
 
 struct fe_router {
   struct fe_route_config cfg;
@@ -33,6 +38,21 @@ struct fe_router {
   struct fe_cors *cors;
   const struct fe_http_request *cur; /* the request being routed (its headers) */
   struct fe_rstore *store;           /* the Responses API's (NULL: off) */
+  /* LoRA adapters loaded at run time (served as models), and the loads and unloads
+   * the engine works on */
+  struct fe_api_lora run_loras[FE_ROUTE_MAX_RUN_LORAS];
+  int n_run_loras;
+  struct lora_op *lora_ops;
+};
+
+/* A run-time LoRA load or unload the engine works on. */
+struct lora_op {
+  struct fe_router *r;
+  struct fe_conn *c; /* NULL once the client left */
+  int load;
+  char *name, *path;
+  uint64_t uid;
+  struct lora_op *next;
 };
 
 typedef void (*route_fn)(struct fe_router *r, struct fe_conn *c, const char *body, size_t len);
@@ -81,10 +101,12 @@ static int64_t max_model_len(struct fe_router *r) {
   return n > 0 ? n : r->cfg.max_model_len;
 }
 
-/* One model object of /v1/models (vLLM's fields): id, served under r's name, or LoRA
- * adapter `lora` (1-based) of it, whose root is its path and parent the model. */
-static void model_object(struct fe_router *r, struct fe_buf *b, const char *id, int lora) {
-  const char *root = lora ? r->cfg.lora_paths[lora - 1] : r->model_name;
+/* One model object of /v1/models (vLLM's fields): id, served under r's name, or a LoRA
+ * adapter of it (adapter: its path, the object's root; its parent is the model). */
+static void model_object(struct fe_router *r, struct fe_buf *b, const char *id,
+                         const char *adapter) {
+  const char *root = adapter ? adapter : r->model_name;
+  const int lora = adapter != NULL;
   fe_buf_puts(b, "{\"id\":");
   fe_buf_json_str(b, id, strlen(id));
   fe_buf_puts(b, ",\"object\":\"model\",\"created\":");
@@ -140,11 +162,15 @@ static void on_models(struct fe_router *r, struct fe_conn *c, const char *body, 
   fe_buf_puts(b, "{\"object\":\"list\",\"data\":[");
   for (int i = -1; i < r->cfg.n_aliases; i++) { /* the name, then its aliases */
     if (i >= 0) fe_buf_puts(b, ",");
-    model_object(r, b, i < 0 ? r->model_name : r->cfg.aliases[i], 0);
+    model_object(r, b, i < 0 ? r->model_name : r->cfg.aliases[i], NULL);
   }
   for (int i = 0; i < r->cfg.n_loras; i++) { /* then the adapters */
     fe_buf_puts(b, ",");
-    model_object(r, b, r->cfg.lora_names[i], i + 1);
+    model_object(r, b, r->cfg.lora_names[i], r->cfg.lora_paths[i]);
+  }
+  for (int i = 0; i < r->n_run_loras; i++) { /* and those loaded since */
+    fe_buf_puts(b, ",");
+    model_object(r, b, r->run_loras[i].name, r->run_loras[i].path);
   }
   fe_buf_puts(b, "]}");
   reply_json(r, c, b);
@@ -172,9 +198,11 @@ static void on_model(struct fe_router *r, struct fe_conn *c, const char *body, s
   int served = whole && !strcmp(id, r->model_name);
   for (int i = 0; !served && whole && i < r->cfg.n_aliases; i++)
     served = !strcmp(id, r->cfg.aliases[i]);
-  int lora = 0;
+  const char *adapter = NULL;
   for (int i = 0; !served && whole && i < r->cfg.n_loras; i++)
-    if (!strcmp(id, r->cfg.lora_names[i])) served = 1, lora = i + 1;
+    if (!strcmp(id, r->cfg.lora_names[i])) served = 1, adapter = r->cfg.lora_paths[i];
+  for (int i = 0; !served && whole && i < r->n_run_loras; i++)
+    if (!strcmp(id, r->run_loras[i].name)) served = 1, adapter = r->run_loras[i].path;
   if (!served) {
     char msg[160];
     snprintf(msg, sizeof(msg), "The model '%.100s' does not exist.", id);
@@ -183,7 +211,7 @@ static void on_model(struct fe_router *r, struct fe_conn *c, const char *body, s
   }
   struct fe_buf *b = &r->scratch;
   fe_buf_reset(b);
-  model_object(r, b, id, lora);
+  model_object(r, b, id, adapter);
   reply_json(r, c, b);
 }
 
@@ -211,7 +239,9 @@ static struct fe_api_config api_config(struct fe_router *r) {
                                r->cfg.lora_sum,
                                r->store,
                                r->cfg.max_logprobs,
-                               r->cfg.fcfs};
+                               r->cfg.fcfs,
+                               r->run_loras,
+                               r->n_run_loras};
   return acfg;
 }
 
@@ -546,6 +576,162 @@ static void on_apply_template(struct fe_router *r, struct fe_conn *c, const char
   on_engine_as(r, c, b, n, FE_API_TOKENIZE, 1);
 }
 
+/* ---- run-time LoRA adapters (vLLM's /v1/load_lora_adapter, /v1/unload_lora_adapter) --- */
+
+/* Whether a name is taken: the model's, an alias, an adapter's or one being loaded. */
+static int name_taken(const struct fe_router *r, const char *name) {
+  int taken = !strcmp(name, r->model_name);
+  for (int i = 0; i < r->cfg.n_aliases; i++)
+    taken |= !strcmp(name, r->cfg.aliases[i]);
+  for (int i = 0; i < r->cfg.n_loras; i++)
+    taken |= !strcmp(name, r->cfg.lora_names[i]);
+  for (int i = 0; i < r->n_run_loras; i++)
+    taken |= !strcmp(name, r->run_loras[i].name);
+  for (const struct lora_op *o = r->lora_ops; o; o = o->next)
+    taken |= o->load && !strcmp(name, o->name);
+  return taken;
+}
+
+static void lora_op_free(struct lora_op *o) {
+  free(o->name);
+  free(o->path);
+  free(o);
+}
+
+static void lora_client_gone(void *ud) {
+  struct lora_op *o = ud;
+  o->c = NULL;
+}
+
+/* The engine's answer: a load that every replica took is served from now on. */
+static void lora_done(void *arg, int code, const char *msg) {
+  struct lora_op *o = arg;
+  struct fe_router *r = o->r;
+  struct lora_op **at = &r->lora_ops;
+  while (*at && *at != o)
+    at = &(*at)->next;
+  if (*at) *at = o->next;
+  int kept = 0;
+  if (!code && o->load && r->n_run_loras < FE_ROUTE_MAX_RUN_LORAS) {
+    r->run_loras[r->n_run_loras++] = (struct fe_api_lora){o->name, o->path, o->uid};
+    o->name = o->path = NULL;
+    kept = 1;
+  }
+  if (!code && o->load && !kept) code = CM_ERR_FULL, msg = "too many run-time adapters";
+  if (o->c) {
+    fe_conn_set_abort_cb(o->c, NULL, NULL);
+    if (code) {
+      int status = code == CM_ERR_NOENT                                                      ? 404
+                   : code == CM_ERR_AGAIN || code == CM_ERR_CLOSED || code == CM_ERR_TIMEOUT ? 503
+                   : code == CM_ERR_NOMEM                                                    ? 500
+                                                                                             : 400;
+      char text[640];
+      snprintf(text, sizeof(text), "Loading the LoRA adapter failed: %s",
+               msg ? msg : cm_strerror(code));
+      reply_error(r, o->c, status, text, "lora_path");
+    } else {
+      char text[400];
+      int n = snprintf(text, sizeof(text), "Success: LoRA adapter '%.300s' %s successfully.",
+                       kept ? r->run_loras[r->n_run_loras - 1].name : o->name,
+                       o->load ? "added" : "removed");
+      reply(r, o->c, 200, "text/plain; charset=utf-8", NULL, text,
+            n > 0 && (size_t)n < sizeof(text) ? (size_t)n : strlen(text));
+    }
+  }
+  if (code && o->load)
+    cm_warn(TAG, "LoRA adapter %s (%s) not loaded: %s", o->name, o->path, msg ? msg : "");
+  else
+    cm_info(TAG, "LoRA adapter %s %s", kept ? r->run_loras[r->n_run_loras - 1].name : o->name,
+            o->load ? "loaded" : "unloaded");
+  lora_op_free(o);
+}
+
+/* POST /v1/load_lora_adapter {"lora_name", "lora_path"} and /v1/unload_lora_adapter
+ * {"lora_name"} (vLLM's, served with --allow-runtime-lora-updating): the adapter is
+ * served under its name once every replica's workers hold it, or no longer. */
+static void on_lora_update(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
+                           int load) {
+  if (!r->cfg.runtime_lora) {
+    reply_error(r, c, 404,
+                "not found: adapters are loaded at run time with --allow-runtime-lora-updating",
+                NULL);
+    return;
+  }
+  json_t *j = json_loadb(body, len, 0, NULL);
+  const char *name = json_string_value(json_object_get(j, "lora_name"));
+  const char *path = json_string_value(json_object_get(j, "lora_path"));
+  const char *why = NULL, *param = NULL;
+  int status = 400;
+  char msg[400];
+  if (!json_is_object(j))
+    why = "the body must be a JSON object";
+  else if (!name || !*name || (load && (!path || !*path)))
+    why = load ? "Both 'lora_name' and 'lora_path' must be provided."
+               : "'lora_name' must be provided.",
+    param = name && *name ? "lora_path" : "lora_name";
+  else if (strlen(name) > 256 || (path && strlen(path) > PR_MAX_STR))
+    why = "'lora_name' or 'lora_path' is too long", param = "lora_name";
+  int at = -1;
+  for (int i = 0; !why && i < r->n_run_loras; i++)
+    if (!strcmp(name, r->run_loras[i].name)) at = i;
+  if (why) {
+  } else if (load && name_taken(r, name)) {
+    snprintf(msg, sizeof(msg), "The lora adapter '%.256s' has already been loaded.", name);
+    why = msg, param = "lora_name";
+  } else if (load && r->n_run_loras >= FE_ROUTE_MAX_RUN_LORAS) {
+    snprintf(msg, sizeof(msg), "at most %d adapters are loaded at run time: unload one first",
+             FE_ROUTE_MAX_RUN_LORAS);
+    why = msg, param = "lora_name";
+  } else if (!load && at < 0) {
+    int listed = 0;
+    for (int i = 0; i < r->cfg.n_loras; i++)
+      listed |= !strcmp(name, r->cfg.lora_names[i]);
+    snprintf(msg, sizeof(msg),
+             listed ? "The lora adapter '%.256s' was loaded at start (--lora-modules) and stays."
+                    : "The lora adapter '%.256s' cannot be found.",
+             name);
+    why = msg, param = "lora_name", status = listed ? 400 : 404;
+  } else if (!r->hooks.lora) {
+    why = "engine not ready", status = 503;
+  }
+  struct lora_op *o = why ? NULL : calloc(1, sizeof(*o));
+  if (!why && (!o || !(o->name = strdup(name)) || (load && !(o->path = strdup(path))))) {
+    why = "out of memory", status = 500;
+    if (o) lora_op_free(o);
+    o = NULL;
+  }
+  json_decref(j);
+  if (why) {
+    reply_error(r, c, status, why, param);
+    return;
+  }
+  o->r = r;
+  o->c = c;
+  o->load = load;
+  if (load) { /* an id no other adapter of this frontend has had */
+    while (!o->uid)
+      o->uid = cm_mix64(cm_time_ns() ^ (uint64_t)(uintptr_t)o ^ ((uint64_t)r->n_run_loras << 48));
+  } else { /* no longer served: new requests cannot name it; those that run finish */
+    o->uid = r->run_loras[at].uid;
+    o->path = r->run_loras[at].path;
+    free(r->run_loras[at].name);
+    r->run_loras[at] = r->run_loras[--r->n_run_loras];
+  }
+  o->next = r->lora_ops;
+  r->lora_ops = o;
+  fe_conn_set_abort_cb(c, lora_client_gone, o);
+  int rc = r->hooks.lora(r->hooks.ud, load ? PR_LORA_LOAD : PR_LORA_UNLOAD, o->uid, o->path,
+                         lora_done, o);
+  if (rc) lora_done(o, rc, rc == CM_ERR_AGAIN ? "engine not ready" : cm_strerror(rc));
+}
+
+static void on_load_lora(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  on_lora_update(r, c, b, n, 1);
+}
+static void on_unload_lora(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {
+  on_lora_update(r, c, b, n, 0);
+}
+
 static const struct route routes[] = {
     {"GET", "/health", on_health, 1, 0},
     {"GET", "/ping", on_health, 1, 0}, /* vLLM's (SageMaker's) name for /health */
@@ -569,6 +755,8 @@ static const struct route routes[] = {
     {"POST", "/tokenize", on_tokenize, 0, 0},
     {"POST", "/detokenize", on_detokenize, 0, 0},
     {"POST", "/apply-template", on_apply_template, 0, 0},
+    {"POST", "/v1/load_lora_adapter", on_load_lora, 0, 0}, /* vLLM's */
+    {"POST", "/v1/unload_lora_adapter", on_unload_lora, 0, 0},
 };
 #define N_ROUTES (sizeof(routes) / sizeof(routes[0]))
 
@@ -741,6 +929,15 @@ fail:
 
 void fe_router_destroy(struct fe_router *r) {
   if (!r) return;
+  while (r->lora_ops) { /* (the engine, gone first, answers none of them) */
+    struct lora_op *o = r->lora_ops;
+    r->lora_ops = o->next;
+    lora_op_free(o);
+  }
+  for (int i = 0; i < r->n_run_loras; i++) {
+    free(r->run_loras[i].name);
+    free(r->run_loras[i].path);
+  }
   fe_metrics_destroy(r->metrics);
   fe_rstore_destroy(r->store);
   fe_cors_destroy(r->cors);

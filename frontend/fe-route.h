@@ -26,6 +26,9 @@
 
 struct fe_router;
 
+/* What a run-time LoRA load or unload came to: 0, or a negative cm_err and why. */
+typedef void (*fe_lora_done_fn)(void *arg, int code, const char *msg);
+
 /* What the serving path plugs in. Every member may be NULL. */
 struct fe_engine_hooks {
   /* 1 when a round trip to the scheduler and workers succeeded lately. */
@@ -46,6 +49,10 @@ struct fe_engine_hooks {
    * after), what the checkpoint gives: its path, chat template, BOS and EOS tokens,
    * and which media it takes; NULL: none. */
   void (*props)(void *ud, struct fe_buf *out);
+  /* POST /v1/load_lora_adapter and /v1/unload_lora_adapter: op (proto's PR_LORA_LOAD,
+   * PR_LORA_UNLOAD) of run-time adapter uid at path, to every replica; done(arg, ...)
+   * once they have answered. 0, or a negative cm_err (done is then never called). */
+  int (*lora)(void *ud, int op, uint64_t uid, const char *path, fe_lora_done_fn done, void *arg);
 };
 
 struct fe_route_config {
@@ -77,6 +84,8 @@ struct fe_route_config {
   int request_id_headers;   /* --enable-request-id-headers: every answer of the engine's
                                routes carries X-Request-Id (the client's, or one made) */
   int max_logprobs;         /* fe_api_config's (--max-logprobs; 0: 20) */
+  int runtime_lora;         /* --allow-runtime-lora-updating: POST /v1/load_lora_adapter and
+                               /v1/unload_lora_adapter are served (else 404) */
   int fcfs;                 /* fe_api_config's (--scheduling-policy fcfs) */
 };
 

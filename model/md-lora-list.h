@@ -20,6 +20,11 @@
 #define MD_ENABLE_LORA_HELP                                                                        \
   "vLLM's switch for adapters, accepted: adapters are served whenever --lora-modules names one"
 
+#define MD_RUNTIME_LORA_HELP                                                                       \
+  "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter, which load and unload "           \
+  "adapters while serving (vLLM's; also when VLLM_ALLOW_RUNTIME_LORA_UPDATING is 1 or true). "     \
+  "Anyone who can reach the API can then have the workers read any path they can"
+
 struct md_lora_module {
   char name[MD_LORA_NAME_MAX];
   char path[4096];

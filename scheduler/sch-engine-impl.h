@@ -43,6 +43,7 @@ struct sch_engine {
   int32_t *out_tokens;     /* [max_num_seqs * (num_spec_tokens + 1)] */
 
   bool grammars_ready; /* sch_engine_set_grammars */
+  uint64_t lora_ready; /* bit slot - 1: the workers hold that run-time LoRA slot */
   uint64_t next_arrival;
   uint64_t next_admit;
   uint64_t num_preemptions;

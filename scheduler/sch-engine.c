@@ -176,6 +176,12 @@ bool sch_engine_set_grammars(struct sch_engine *e, bool ready) {
   return false;
 }
 
+void sch_engine_set_lora(struct sch_engine *e, int32_t slot, bool ready) {
+  if (slot < 1 || slot > 64) return;
+  uint64_t bit = 1ull << (slot - 1);
+  e->lora_ready = ready ? e->lora_ready | bit : e->lora_ready & ~bit;
+}
+
 void sch_engine_stats(const struct sch_engine *e, struct sch_engine_stats *st) {
   memset(st, 0, sizeof(*st));
   st->num_running = e->q.num_running;

@@ -139,6 +139,8 @@ struct sch_request_params {
   int32_t num_images;
   bool constrained; /* a structured output: admitted only while the workers have the
                        structured-output state (sch_engine_set_grammars) */
+  int32_t lora_slot;   /* a run-time LoRA adapter's slot (1 .. 64): admitted only while the
+                          workers hold it (sch_engine_set_lora); 0: none */
   uint64_t cache_salt; /* the parent of its first KV block's hash (0: none): only requests
                           with the same salt share cached prefixes */
   bool score_prompt;   /* its prompt's logprobs are asked: every prompt position is computed
@@ -302,6 +304,9 @@ void sch_engine_stats(const struct sch_engine *e, struct sch_engine_stats *st);
  * (the workers build it beside the steps: PR_CTRL_GRAMMARS). Returns whether a
  * constrained request waits. */
 bool sch_engine_set_grammars(struct sch_engine *e, bool ready);
+/* Whether the workers hold run-time LoRA slot `slot` (1 .. 64): a waiting request
+ * with that slot is passed over by admission while they do not. */
+void sch_engine_set_lora(struct sch_engine *e, int32_t slot, bool ready);
 
 /* Verifies every invariant of queues, tables and pool (refcount of each block = the
  * tables holding it; no block both free and held; waiting requests hold nothing).

@@ -238,6 +238,7 @@ static void schedule_waiting(struct sch_engine *e, int32_t *budget) {
     struct sch_request *r = next;
     next = r->next;
     if (r->constrained && !e->grammars_ready) continue;
+    if (r->lora_slot && !(e->lora_ready >> (r->lora_slot - 1) & 1)) continue; /* loading */
     if (sch_request_reserve(r, e->kv, r->num_tokens + 1) != 0) return; /* out of memory */
     const int32_t *keys = sch_request_keys(r);
     int32_t h = sch_kv_prefix_match(e->kv, &r->kv, keys, r->num_tokens);

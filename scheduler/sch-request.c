@@ -138,6 +138,7 @@ int sch_request_create(const struct sch_engine_config *cfg, const struct sch_kv 
   r->num_stop = p->num_stop_token_ids;
   r->ignore_eos = p->ignore_eos;
   r->constrained = p->constrained;
+  r->lora_slot = p->lora_slot;
   r->score_prompt = p->score_prompt;
   r->sampling_len = p->sampling_len;
   r->run_index = -1;

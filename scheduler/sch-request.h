@@ -44,6 +44,7 @@ struct sch_request {
   int32_t num_stop;
   bool ignore_eos;
   bool constrained; /* a structured output (sch_engine_set_grammars) */
+  int32_t lora_slot; /* a run-time LoRA slot (sch_engine_set_lora); 0: none */
   bool score_prompt; /* its prompt's logprobs are asked: no prefix-cache hit */
   bool counted;   /* prefix-cache query counted */
   bool in_worker; /* the workers hold per-sequence state */

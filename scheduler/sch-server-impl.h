@@ -56,6 +56,26 @@ struct sch_req {
   uint32_t *plp_rank; /* [num_prompt - 1] */
   uint32_t *plp_ids;
   float *plp_top;
+  int32_t lora_slot; /* the run-time LoRA slot it holds (sch-server-lora.c); 0: none */
+};
+
+/* A run-time LoRA adapter's slot (sch-server-lora.c). */
+#define SCH_LORA_WAITERS 8
+struct sch_lora_slot {
+  uint64_t uid;          /* the adapter's id (the frontend's); 0: a free slot */
+  char *path;            /* malloc'd */
+  int32_t refs;          /* requests that run with it */
+  bool ready;            /* every rank holds it */
+  bool unload;           /* freed once nothing holds it */
+  int32_t expect, acked; /* ranks sent LORA_LOAD, and those that answered */
+  int code;              /* the first refusal (a rank's LORA_ACK) */
+  char msg[384];
+  uint64_t used; /* lora_tick when last named */
+  int32_t n_wait;
+  struct {
+    int32_t front;
+    uint64_t nonce;
+  } wait[SCH_LORA_WAITERS]; /* the frontends' LORA loads waiting for LORA_DONE */
 };
 
 /* The request table: slots addressed by engine id, and buckets by (front, request_id). */
@@ -168,6 +188,10 @@ struct sch_server {
   int32_t *out_order;             /* [cap_outs] */
   int32_t cap_seqs, cap_outs;
 
+  /* run-time LoRA adapters: slots info.n_lora + 1 .. PR_MAX_LORAS (sch-server-lora.c) */
+  struct sch_lora_slot loras[PR_MAX_LORAS + 1];
+  uint64_t lora_tick;
+
   /* cumulative */
   uint64_t prompt_tokens, generation_tokens;
   uint64_t num_steps;
@@ -216,5 +240,24 @@ void sch_srv_grammars(struct sch_server *s);
  * -1. */
 int32_t sch_srv_grammars_failed(const struct sch_server *s);
 bool sch_srv_has_work(struct sch_server *s);
+
+/* sch-server-lora.c */
+/* The slot of run-time adapter uid at path, loading it when no slot holds it, with one
+ * more request holding it: its number, or a negative cm_err (CM_ERR_FULL: every slot
+ * has requests; CM_ERR_AGAIN: the workers are not ready) with the reason in err. */
+int32_t sch_srv_lora_acquire(struct sch_server *s, uint64_t uid, const char *path, char *err,
+                             size_t errlen);
+/* A request that held slot `slot` is gone. */
+void sch_srv_lora_release(struct sch_server *s, int32_t slot);
+/* A frontend's LORA (load or unload); answered with LORA_DONE. */
+void sch_srv_on_lora(struct sch_server *s, int32_t front, const struct pr_lora *m);
+/* A rank's LORA_ACK. */
+void sch_srv_on_lora_ack(struct sch_server *s, int32_t rank, const struct pr_lora *m);
+/* Every slot emptied (a rank failed, or the scheduler stops): the loads waiting are
+ * answered with why. */
+void sch_srv_lora_reset(struct sch_server *s, const char *why);
+/* The prefix cache's salt of a request with run-time adapter uid: its blocks apart
+ * from the base model's and from every other adapter's, whatever slot it takes. */
+uint64_t sch_srv_lora_salt(uint64_t salt, uint64_t uid);
 
 #endif

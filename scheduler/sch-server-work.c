@@ -101,6 +101,7 @@ static void fail_rank(struct sch_server *s, int32_t r, int code, const char *why
     n_retry += !started;
   }
   sch_engine_reset_kv(s->engine);
+  sch_srv_lora_reset(s, "a worker rank failed while the LoRA adapter loaded");
   cm_warn(TAG, "service stopped (%d of %d ranks ready); %d requests failed (%d before any output)",
           (int)s->num_ready, (int)s->cfg.world_size, (int)n, (int)n_retry);
 }
@@ -651,6 +652,7 @@ void sch_srv_work_recv(struct sch_server *s) {
         sch_srv_grammars(s);
       }
       break;
+    case PR_LORA_ACK: sch_srv_on_lora_ack(s, r, &m.u.lora); break;
     case PR_FAIL: {
       char why[PR_MAX_STR + 64];
       snprintf(why, sizeof(why), "%s", m.u.fail.message ? m.u.fail.message : "(no message)");

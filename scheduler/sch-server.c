@@ -81,7 +81,10 @@ void sch_srv_drop(struct sch_server *s, struct sch_req *r, bool in_engine) {
     CM_ASSERT(rc == 0 || rc == CM_ERR_NOENT);
   }
   s->fronts[r->front].num_live--;
+  int32_t slot = r->lora_slot;
+  r->lora_slot = 0;
   sch_reqs_remove(&s->reqs, r);
+  if (slot) sch_srv_lora_release(s, slot);
 }
 
 /* Aborts every request of a frontend that stopped taking messages. */
@@ -242,6 +245,17 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
       return;
     }
   }
+  if (a->lora_uid) { /* a run-time adapter: its slot, which loads it if none holds it */
+    char lerr[512] = "";
+    int32_t slot = sch_srv_lora_acquire(s, a->lora_uid, a->lora_path, lerr, sizeof(lerr));
+    if (slot < 0) {
+      sch_srv_drop(s, r, false);
+      sch_srv_send_err(s, front, a->request_id, slot, "%s", lerr);
+      return;
+    }
+    r->lora_slot = slot;
+    sp.lora = (uint32_t)slot; /* what the workers read */
+  }
   /* the engine keeps the parameters as one blob: the struct, then the grammar's text
    * (padded to 4 bytes), the biased ids, their biases, the bad words' ids and lengths
    * (the struct's pointers are set again from the blob when a step sends it,
@@ -275,7 +289,7 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
       return;
     }
   }
-  if (sp.lora && (sp.lora > s->info.n_lora || a->lora_sum != s->info.lora_sum)) {
+  if (sp.lora && !r->lora_slot && (sp.lora > s->info.n_lora || a->lora_sum != s->info.lora_sum)) {
     sch_srv_drop(s, r, false);
     if (sp.lora > s->info.n_lora)
       sch_srv_send_err(s, front, a->request_id, CM_ERR_INVAL,
@@ -288,7 +302,11 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
     return;
   }
   /* an adapter's K/V differ from the base model's: its blocks are cached apart */
-  if (sp.lora) p.cache_salt = cm_mix64(a->cache_salt ^ cm_mix64(0x4c6f5241ull + sp.lora));
+  if (r->lora_slot) /* (a slot holds other adapters in turn: the adapter's id, not its slot) */
+    p.cache_salt = sch_srv_lora_salt(a->cache_salt, a->lora_uid);
+  else if (sp.lora)
+    p.cache_salt = cm_mix64(a->cache_salt ^ cm_mix64(0x4c6f5241ull + sp.lora));
+  p.lora_slot = r->lora_slot;
   struct sch_image images[PR_MAX_IMAGES];
   char err[256] = "";
   int rc = add_images(s, a, images, err, sizeof(err));
@@ -394,6 +412,7 @@ static int front_recv(struct sch_server *s) {
     case PR_ABORT: on_abort(s, front, &m.u.abort); break;
     case PR_PING: on_ping(s, front, &m.u.ping); break;
     case PR_DOWN: sch_srv_work_down(s, &m.u.down); break;
+    case PR_LORA: sch_srv_on_lora(s, front, &m.u.lora); break;
     default:
       cm_warn(TAG, "frontend %d: %s is not a frontend message; dropped", (int)front,
               pr_type_name(m.type));
@@ -483,6 +502,8 @@ void sch_server_destroy(struct sch_server *s) {
   pr_sock_close(s->front_sock);
   pr_sock_close(s->work_sock);
   if (s->zctx) zmq_ctx_term(s->zctx);
+  for (int32_t i = 0; i <= PR_MAX_LORAS; i++)
+    free(s->loras[i].path);
   sch_srv_work_free(s);
   sch_reqs_free(&s->reqs);
   cm_arena_free(&s->front_arena);

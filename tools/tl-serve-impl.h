@@ -64,6 +64,7 @@ struct tl_serve {
   const struct cm_strs
       *lora_modules; /* --lora-modules NAME=PATH, to the workers and the frontend */
   int enable_lora;   /* vLLM's --enable-lora: taken, changes nothing */
+  int runtime_lora;  /* the frontend's --allow-runtime-lora-updating */
   int64_t max_lora_rank; /* --max-lora-rank, to the workers (0: any) */
   const char *media_dir, *limit_mm, *max_image_bytes, *max_image_pixels; /* the frontend's */
   const char *mm_kwargs;       /* the frontend's --mm-processor-kwargs */

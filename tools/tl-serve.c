@@ -315,6 +315,7 @@ static int start_frontend(struct tl_serve *s) {
   if (s->trust_template) argv_add(&f, "--trust-request-chat-template");
   if (s->no_access_log) argv_add(&f, "--disable-access-log");
   if (s->id_headers) argv_add(&f, "--enable-request-id-headers");
+  if (s->runtime_lora) argv_add(&f, "--allow-runtime-lora-updating");
   if (s->log.requests) argv_add(&f, "--enable-log-requests");
   if (s->log.no_requests) argv_add(&f, "--disable-log-requests");
   if (s->log.outputs) argv_add(&f, "--enable-log-outputs");
@@ -409,6 +410,7 @@ int tl_serve_main(int argc, char **argv) {
       {"served-model-name", CM_OPT_STRS, &served_names, "NAME", FE_MAIN_SERVED_NAME_HELP},
       {"lora-modules", CM_OPT_STRS, &lora_modules, "NAME=PATH", MD_LORA_MODULES_HELP},
       {"enable-lora", CM_OPT_BOOL, &s.enable_lora, NULL, MD_ENABLE_LORA_HELP},
+      {"allow-runtime-lora-updating", CM_OPT_BOOL, &s.runtime_lora, NULL, MD_RUNTIME_LORA_HELP},
       {"max-lora-rank", CM_OPT_INT, &s.max_lora_rank, "N", MD_MAX_LORA_RANK_HELP, 1, 512},
       {"ssl-keyfile", CM_OPT_STR, &s.ssl_key, "FILE",
        "PEM private key: serve HTTPS (with --ssl-certfile)"},

@@ -18,7 +18,13 @@
  *       ad1 twice is cached the second time, and then asked of the model and of
  *       ad2 is not;
  *   (e) an adapter folder that is not one, or an adapter above --max-lora-rank, stops
- *       serve with a message naming it (vLLM's --enable-lora is taken). */
+ *       serve with a message naming it (vLLM's --enable-lora is taken);
+ *   (f) adapters loaded at run time (A runs with --allow-runtime-lora-updating; B
+ *       without, where the routes are a 404): ad1 loaded as rt1 answers as ad1 does
+ *       (and so as B), is listed, keeps its prefix-cache blocks apart; names taken,
+ *       a folder that is not an adapter, a list adapter unloaded are refused; an
+ *       unloaded adapter is a 404 as a model, and its name loaded again with ad2
+ *       answers as ad2. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -280,6 +286,92 @@ static void check_cache(const struct as_server *s) {
   TH_CHECK(base_again >= 32);
 }
 
+/* (f) POSTs body to path: the status, the body's text into out. */
+static int post_text(const struct as_server *s, const char *path, const char *body, char *out,
+                     size_t n) {
+  struct as_resp r;
+  int st = as_post(s, path, body, &r);
+  snprintf(out, n, "%s", r.body ? r.body : "");
+  as_resp_free(&r);
+  return st;
+}
+
+static void check_runtime(const struct as_server *a, const struct as_server *b) {
+  char body[1200], text[2048];
+  snprintf(body, sizeof(body), "{\"lora_name\":\"rt1\",\"lora_path\":\"%s/ad1\"}", lora_dir);
+  TH_CHECK_EQ_INT(post_text(b, "/v1/load_lora_adapter", body, text, sizeof(text)), 404);
+  TH_CHECK_EQ_INT(post_text(a, "/v1/load_lora_adapter", body, text, sizeof(text)), 200);
+  TH_CHECK_EQ_STR(text, "Success: LoRA adapter 'rt1' added successfully.");
+  /* listed after the list's, as vLLM lists it */
+  struct as_resp r;
+  TH_REQUIRE(as_get(a, "/v1/models", &r) == 200);
+  json_t *j = as_json(&r), *m = json_array_get(json_object_get(j, "data"), 3);
+  char want[400];
+  snprintf(want, sizeof(want), "%s/ad1", lora_dir);
+  TH_CHECK(m && !strcmp(json_string_value(json_object_get(m, "id")), "rt1"));
+  TH_CHECK(m && !strcmp(json_string_value(json_object_get(m, "root")), want));
+  TH_CHECK(m && !strcmp(json_string_value(json_object_get(m, "parent")), "tiny"));
+  json_decref(j);
+  as_resp_free(&r);
+  /* ad1's answers, to the bit on this machine, so the merged model's on B */
+  static const char *prompts[] = {"The quick brown fox", "lmserve serves Gemma"};
+  for (int chat = 0; chat < 2; chat++)
+    for (int i = 0; i < 2; i++) {
+      struct answer x, y, z;
+      ask(a, "rt1", prompts[i], chat, &x);
+      ask(a, "ad1", prompts[i], chat, &y);
+      ask(b, "tiny", prompts[i], chat, &z);
+      TH_CHECK_EQ_STR(x.text, y.text);
+      same_greedy(&x, &z);
+    }
+  /* its blocks are its own: ad1's cached prompt is not rt1's */
+  char prompt[2048] = "";
+  for (int i = 0; i < 40; i++)
+    strcat(prompt, i % 3 ? "field stone " : "harbour ");
+  long long ad1_first = cached(a, "ad1", prompt), rt1_first = cached(a, "rt1", prompt),
+            rt1_again = cached(a, "rt1", prompt);
+  TH_CHECK(ad1_first == 0 && rt1_first == 0 && rt1_again >= 32);
+  /* refused: names taken, no path, a folder that is not an adapter */
+  static const char *const taken[] = {"rt1", "ad1", "tiny"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(body, sizeof(body), "{\"lora_name\":\"%s\",\"lora_path\":\"%s/ad2\"}", taken[i],
+             lora_dir);
+    TH_CHECK_EQ_INT(post_text(a, "/v1/load_lora_adapter", body, text, sizeof(text)), 400);
+    TH_CHECK(strstr(text, "has already been loaded") != NULL);
+  }
+  TH_CHECK_EQ_INT(
+      post_text(a, "/v1/load_lora_adapter", "{\"lora_name\":\"x\"}", text, sizeof(text)), 400);
+  TH_CHECK(strstr(text, "Both 'lora_name' and 'lora_path' must be provided.") != NULL);
+  snprintf(body, sizeof(body), "{\"lora_name\":\"broken\",\"lora_path\":\"%s\"}", lora_dir);
+  int st = post_text(a, "/v1/load_lora_adapter", body, text, sizeof(text));
+  TH_CHECK(st == 400 || st == 404);
+  TH_CHECK(strstr(text, "adapter_config.json") != NULL);
+  as_post(a, "/v1/completions", "{\"model\":\"broken\",\"prompt\":\"hi\",\"max_tokens\":2}", &r);
+  as_check_error(&r, 404, "model");
+  as_resp_free(&r);
+  /* unloaded: gone as a model; the list's stay; its name again, with ad2 */
+  TH_CHECK_EQ_INT(
+      post_text(a, "/v1/unload_lora_adapter", "{\"lora_name\":\"rt1\"}", text, sizeof(text)), 200);
+  TH_CHECK_EQ_STR(text, "Success: LoRA adapter 'rt1' removed successfully.");
+  as_post(a, "/v1/completions", "{\"model\":\"rt1\",\"prompt\":\"hi\",\"max_tokens\":2}", &r);
+  as_check_error(&r, 404, "model");
+  as_resp_free(&r);
+  TH_CHECK_EQ_INT(
+      post_text(a, "/v1/unload_lora_adapter", "{\"lora_name\":\"rt1\"}", text, sizeof(text)), 404);
+  TH_CHECK_EQ_INT(
+      post_text(a, "/v1/unload_lora_adapter", "{\"lora_name\":\"ad1\"}", text, sizeof(text)), 400);
+  snprintf(body, sizeof(body), "{\"lora_name\":\"rt1\",\"lora_path\":\"%s/ad2\"}", lora_dir);
+  TH_CHECK_EQ_INT(post_text(a, "/v1/load_lora_adapter", body, text, sizeof(text)), 200);
+  for (int i = 0; i < 2; i++) {
+    struct answer x, y;
+    ask(a, "rt1", prompts[i], 0, &x);
+    ask(a, "ad2", prompts[i], 0, &y);
+    TH_CHECK_EQ_STR(x.text, y.text);
+  }
+  /* the cache: the reloaded rt1 is another adapter */
+  TH_CHECK_EQ_INT(cached(a, "rt1", prompt), 0);
+}
+
 /* (e) */
 static void check_bad_adapter(const char *model) {
   char mods[600];
@@ -310,11 +402,13 @@ TH_TEST(api_lora) {
   as_start(&b, 0, (char *[]){"--served-model-name", "tiny", NULL});
   as_start(&a, 0,
            (char *[]){"--served-model-name", "tiny", "--enable-lora", "--lora-modules", mods,
-                      "--max-lora-rank", "8", "--enable-prompt-tokens-details", NULL});
+                      "--max-lora-rank", "8", "--enable-prompt-tokens-details",
+                      "--allow-runtime-lora-updating", NULL});
   check_models(&a);
   check_greedy(&a, &b);
   check_concurrent(&a);
   check_cache(&a);
+  check_runtime(&a, &b);
   as_stop(&a);
   as_stop(&b);
   check_bad_adapter(a.model);

@@ -1,0 +1,223 @@
+/* sch-server-lora.c — LoRA adapters loaded at run time (the frontend's POST
+ * /v1/load_lora_adapter), in the slots after the workers' --lora-modules list.
+ *
+ * An adapter is named by the frontend's id (uid) and its path. The first LORA load or
+ * ADD that names an adapter no slot holds takes a free slot, or the one used longest
+ * ago that no request runs with, and sends every rank CTRL LORA_LOAD; the slot is
+ * ready when every rank has answered LORA_ACK. Meanwhile the requests that name it
+ * wait (admission passes them over, sch_engine_set_lora) and so do the frontends'
+ * LORA loads (their LORA_DONE goes out then). A rank that could not load it fails the
+ * slot: its requests get an ERR with the rank's reason, the loads a LORA_DONE with it,
+ * and the slot is free again (a later request tries anew). A LORA unload frees the slot
+ * once no request runs with it. A failed rank empties every slot: the requests are
+ * gone with it, and a request that names an adapter again loads it again, since its
+ * ADD carries the path. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm-err.h"
+#include "common/cm-hash.h"
+#include "common/cm-log.h"
+#include "scheduler/sch-server-impl.h"
+
+#define TAG "sch"
+
+/* Sends LORA_DONE for (front, nonce). */
+static void send_done(struct sch_server *s, int32_t front, uint64_t nonce, int code,
+                      const char *msg) {
+  if (front < 0 || front >= SCH_SRV_MAX_FRONTS) return;
+  struct pr_msg m;
+  pr_msg_init(&m, PR_LORA_DONE);
+  m.u.lora.nonce = nonce;
+  m.u.lora.code = code;
+  m.u.lora.message = msg;
+  int rc = pr_sock_send(s->front_sock, &s->fronts[front].rid, &m, PR_DONTWAIT);
+  if (rc) cm_warn(TAG, "frontend %d: LORA_DONE not sent: %s", (int)front, cm_strerror(rc));
+}
+
+/* Sends CTRL op (LORA_LOAD with the path, LORA_DROP) for slot to every ready rank;
+ * how many it went to. */
+static int32_t send_ctrl(struct sch_server *s, uint32_t op, int32_t slot, const char *path) {
+  int32_t n = 0;
+  for (int32_t r = 0; r < s->cfg.world_size; r++) {
+    struct sch_rank *k = &s->ranks[r];
+    if (!k->ready) continue;
+    struct pr_msg m;
+    pr_msg_init(&m, PR_CTRL);
+    m.u.ctrl.op = op;
+    m.u.ctrl.arg = slot;
+    m.u.ctrl.text = path;
+    int rc = pr_sock_send(s->work_sock, &k->rid, &m, 0);
+    if (rc)
+      cm_warn(TAG, "worker rank %d: CTRL for LoRA slot %d not sent: %s", (int)r, (int)slot,
+              cm_strerror(rc));
+    else
+      n++;
+  }
+  return n;
+}
+
+static struct sch_lora_slot *slot_of(struct sch_server *s, int32_t slot) {
+  return slot > (int32_t)s->info.n_lora && slot <= PR_MAX_LORAS ? &s->loras[slot] : NULL;
+}
+
+/* Empties slot i: its loads are answered with (code, msg) when code is not 0. */
+static void slot_clear(struct sch_server *s, int32_t i, int code, const char *msg) {
+  struct sch_lora_slot *l = &s->loras[i];
+  for (int32_t w = 0; w < l->n_wait; w++)
+    send_done(s, l->wait[w].front, l->wait[w].nonce, code, msg);
+  if (s->engine) sch_engine_set_lora(s->engine, i, false);
+  free(l->path);
+  memset(l, 0, sizeof(*l));
+}
+
+/* The slot that holds (or loads) adapter uid, taking one and sending LORA_LOAD when none
+ * does: its number, or a negative cm_err with the reason in err. */
+static int32_t acquire(struct sch_server *s, uint64_t uid, const char *path, char *err,
+                       size_t errlen) {
+  int32_t first = (int32_t)s->info.n_lora + 1, pick = 0;
+  for (int32_t i = first; i <= PR_MAX_LORAS; i++)
+    if (s->loras[i].uid == uid) {
+      s->loras[i].used = ++s->lora_tick;
+      return i;
+    }
+  if (!s->serving)
+    return cm_fail(err, errlen, CM_ERR_AGAIN, "the workers are not ready (LoRA adapter %s)", path);
+  for (int32_t i = first; i <= PR_MAX_LORAS && !pick; i++)
+    if (!s->loras[i].uid) pick = i;
+  for (int32_t i = first; i <= PR_MAX_LORAS && !pick; i++) { /* the least recently used idle one */
+    const struct sch_lora_slot *l = &s->loras[i];
+    if (l->ready && !l->refs && !l->n_wait &&
+        (!pick || l->used < s->loras[pick].used || !s->loras[pick].ready))
+      pick = i;
+  }
+  if (!pick)
+    return cm_fail(err, errlen, CM_ERR_FULL,
+                   "every run-time LoRA slot (%d) has requests running with its adapter",
+                   PR_MAX_LORAS - first + 1);
+  if (s->loras[pick].uid)
+    cm_info(TAG, "LoRA slot %d: %s makes way for %s", (int)pick, s->loras[pick].path, path);
+  slot_clear(s, pick, 0, NULL);
+  struct sch_lora_slot *l = &s->loras[pick];
+  if (!(l->path = strdup(path))) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
+  l->uid = uid;
+  l->used = ++s->lora_tick;
+  l->expect = send_ctrl(s, PR_CTRL_LORA_LOAD, pick, path);
+  if (l->expect < s->cfg.world_size) {
+    slot_clear(s, pick, 0, NULL);
+    return cm_fail(err, errlen, CM_ERR_AGAIN, "LoRA adapter %s could not be sent to every rank",
+                   path);
+  }
+  cm_info(TAG, "LoRA adapter %s: loading into slot %d", path, (int)pick);
+  return pick;
+}
+
+int32_t sch_srv_lora_acquire(struct sch_server *s, uint64_t uid, const char *path, char *err,
+                             size_t errlen) {
+  int32_t slot = acquire(s, uid, path, err, errlen);
+  if (slot > 0) s->loras[slot].refs++;
+  return slot;
+}
+
+/* Frees slot i when it is to go and nothing holds it. */
+static void maybe_unload(struct sch_server *s, int32_t i) {
+  struct sch_lora_slot *l = &s->loras[i];
+  if (!l->uid || !l->unload || l->refs || l->n_wait) return;
+  if (l->ready) send_ctrl(s, PR_CTRL_LORA_DROP, i, NULL);
+  cm_info(TAG, "LoRA slot %d (%s) unloaded", (int)i, l->path);
+  slot_clear(s, i, 0, NULL);
+}
+
+void sch_srv_lora_release(struct sch_server *s, int32_t slot) {
+  struct sch_lora_slot *l = slot_of(s, slot);
+  if (!l || !l->uid || l->refs <= 0) return;
+  l->refs--;
+  maybe_unload(s, slot);
+}
+
+void sch_srv_on_lora(struct sch_server *s, int32_t front, const struct pr_lora *m) {
+  char err[512] = "";
+  if (!m->uid || (m->op != PR_LORA_LOAD && m->op != PR_LORA_UNLOAD) ||
+      (m->op == PR_LORA_LOAD && (!m->path || !*m->path))) {
+    send_done(s, front, m->nonce, CM_ERR_INVAL, "LORA needs an op, a uid and (to load) a path");
+    return;
+  }
+  if (m->op == PR_LORA_UNLOAD) {
+    for (int32_t i = (int32_t)s->info.n_lora + 1; i <= PR_MAX_LORAS; i++)
+      if (s->loras[i].uid == m->uid) {
+        s->loras[i].unload = true;
+        maybe_unload(s, i);
+      }
+    send_done(s, front, m->nonce, 0, NULL);
+    return;
+  }
+  int32_t slot = acquire(s, m->uid, m->path, err, sizeof(err));
+  if (slot < 0) {
+    send_done(s, front, m->nonce, slot, err);
+    return;
+  }
+  struct sch_lora_slot *l = &s->loras[slot];
+  l->unload = false; /* (loaded again before it went) */
+  if (l->ready) {
+    send_done(s, front, m->nonce, 0, NULL);
+    return;
+  }
+  if (l->n_wait == SCH_LORA_WAITERS) {
+    send_done(s, front, m->nonce, CM_ERR_AGAIN, "too many loads of this adapter at once");
+    return;
+  }
+  l->wait[l->n_wait].front = front;
+  l->wait[l->n_wait++].nonce = m->nonce;
+}
+
+void sch_srv_on_lora_ack(struct sch_server *s, int32_t rank, const struct pr_lora *m) {
+  struct sch_lora_slot *l = slot_of(s, (int32_t)m->slot);
+  if (!l || !l->uid || l->ready) {
+    cm_warn(TAG, "worker rank %d: LORA_ACK for slot %u, which loads nothing; dropped", (int)rank,
+            (unsigned)m->slot);
+    return;
+  }
+  int32_t slot = (int32_t)m->slot;
+  if (m->code && !l->code) {
+    l->code = m->code;
+    snprintf(l->msg, sizeof(l->msg), "worker rank %d: %s", (int)rank,
+             m->message && *m->message ? m->message : cm_strerror(m->code));
+  }
+  if (++l->acked < l->expect) return;
+  if (!l->code) {
+    l->ready = true;
+    if (s->engine) sch_engine_set_lora(s->engine, slot, true);
+    for (int32_t w = 0; w < l->n_wait; w++)
+      send_done(s, l->wait[w].front, l->wait[w].nonce, 0, NULL);
+    l->n_wait = 0;
+    s->plan_idle = false;
+    cm_info(TAG, "LoRA adapter %s ready in slot %d", l->path, (int)slot);
+    maybe_unload(s, slot);
+    return;
+  }
+  /* a rank could not load it: its requests fail, the slot is free again */
+  char msg[sizeof(l->msg)];
+  memcpy(msg, l->msg, sizeof(msg));
+  int code = l->code;
+  cm_warn(TAG, "LoRA adapter %s (slot %d): %s", l->path, (int)slot, msg);
+  for (int32_t i = 0; i < s->reqs.cap; i++) {
+    struct sch_req *q = &s->reqs.slots[i];
+    if (!q->eid || q->lora_slot != slot) continue;
+    int32_t front = q->front;
+    uint64_t id = q->request_id;
+    sch_srv_drop(s, q, true);
+    sch_srv_send_err(s, front, id, code, "LoRA adapter: %s", msg);
+  }
+  send_ctrl(s, PR_CTRL_LORA_DROP, slot, NULL); /* the ranks that loaded it free it */
+  slot_clear(s, slot, code, msg);
+}
+
+void sch_srv_lora_reset(struct sch_server *s, const char *why) {
+  for (int32_t i = 1; i <= PR_MAX_LORAS; i++)
+    if (s->loras[i].uid) slot_clear(s, i, CM_ERR_AGAIN, why);
+}
+
+uint64_t sch_srv_lora_salt(uint64_t salt, uint64_t uid) {
+  return cm_mix64(salt ^ cm_mix64(0x52544c6f5241ull ^ uid));
+}
