@@ -674,7 +674,8 @@ static void on_lora_update(struct fe_router *r, struct fe_conn *c, const char *b
   int at = -1;
   for (int i = 0; !why && i < r->n_run_loras; i++)
     if (!strcmp(name, r->run_loras[i].name)) at = i;
-  if (why) {
+  if (why) { /* (the body's own mistakes first) */
+    ;
   } else if (load && name_taken(r, name)) {
     snprintf(msg, sizeof(msg), "The lora adapter '%.256s' has already been loaded.", name);
     why = msg, param = "lora_name";
@@ -715,7 +716,9 @@ static void on_lora_update(struct fe_router *r, struct fe_conn *c, const char *b
     o->uid = r->run_loras[at].uid;
     o->path = r->run_loras[at].path;
     free(r->run_loras[at].name);
-    r->run_loras[at] = r->run_loras[--r->n_run_loras];
+    memmove(&r->run_loras[at], &r->run_loras[at + 1],
+            sizeof(r->run_loras[0]) * (size_t)(r->n_run_loras - at - 1)); /* (listed in order) */
+    r->n_run_loras--;
   }
   o->next = r->lora_ops;
   r->lora_ops = o;
