@@ -5,9 +5,9 @@
  *
  * A load counts when every replica that answered loaded it; a replica not ready when
  * it is sent is skipped (its requests load the adapter when they name it, their ADD
- * carrying the path), but one at least must answer. A replica lost meanwhile, or no
- * answer in FE_ENG_LORA_TIMEOUT_S, fails the load; so does any replica's refusal, and
- * the replicas that did load it are then told to unload it. */
+ * carrying the path), but one at least must answer. A replica lost meanwhile (or whose
+ * scheduler restarted), or no answer in FE_ENG_LORA_TIMEOUT_S, fails the load; so does
+ * any replica's refusal, and every replica it went to is then told to unload it. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +27,8 @@ struct fe_eng_lora_op {
   uint64_t nonce;
   int op;
   uint64_t uid;
+  uint8_t sent[FE_ENG_MAX_REPLICAS];    /* sent */
   uint8_t waiting[FE_ENG_MAX_REPLICAS]; /* sent, not answered */
-  uint8_t loaded[FE_ENG_MAX_REPLICAS];  /* answered 0 */
   int n_waiting;
   int code; /* the first failure */
   char msg[512];
@@ -65,9 +65,9 @@ static void finish(struct fe_engine *e, struct fe_eng_lora_op *o) {
   while (*at && *at != o)
     at = &(*at)->next;
   if (*at) *at = o->next;
-  if (o->code && o->op == PR_LORA_LOAD) /* none keeps what the others refused */
-    for (int i = 0; i < e->n_rep; i++)
-      if (o->loaded[i]) send_lora(&e->rep[i], 0, PR_LORA_UNLOAD, o->uid, NULL);
+  if (o->code && o->op == PR_LORA_LOAD) /* none keeps what the others refused (nor one */
+    for (int i = 0; i < e->n_rep; i++)  /* still loading it: it frees it once loaded) */
+      if (o->sent[i]) send_lora(&e->rep[i], 0, PR_LORA_UNLOAD, o->uid, NULL);
   o->done(o->arg, o->code, o->code ? o->msg : NULL);
   free(o);
 }
@@ -90,7 +90,7 @@ int fe_eng_lora(void *ud, int op, uint64_t uid, const char *path, fe_lora_done_f
       cm_warn(TAG, "LORA to %s not sent: %s", p->endpoint, cm_strerror(rc));
       continue;
     }
-    o->waiting[i] = 1;
+    o->sent[i] = o->waiting[i] = 1;
     o->n_waiting++;
   }
   if (!o->n_waiting) {
@@ -112,8 +112,6 @@ void fe_eng_on_lora_done(struct fe_replica *p, const struct pr_lora *m) {
   o->n_waiting--;
   if (m->code)
     fail(o, m->code, "%s", m->message && *m->message ? m->message : cm_strerror(m->code));
-  else
-    o->loaded[p->index] = 1;
   if (!o->n_waiting) finish(e, o);
 }
 

@@ -330,8 +330,12 @@ static void on_pong(struct fe_replica *p, const struct pr_pong *pg) {
   struct fe_engine *e = p->e;
   /* the scheduler's totals only grow: smaller ones mean a new scheduler
    * answers on the endpoint, and the requests in flight died with the old */
-  if (p->have_pong && p->n_reqs > 0 && fe_eng_pong_restarted(&p->last_pong, pg))
-    fe_eng_lost(p, "the scheduler restarted");
+  if (p->have_pong && fe_eng_pong_restarted(&p->last_pong, pg)) {
+    if (p->n_reqs > 0)
+      fe_eng_lost(p, "the scheduler restarted");
+    else
+      fe_eng_lora_lost(p); /* (its loads and unloads will not be answered) */
+  }
   p->last_pong_ns = cm_time_ns();
   p->workers_ok = pg->world_size > 0 && pg->workers_ready == pg->world_size;
   if (pg->max_model_len) p->pong_max_model_len = pg->max_model_len;

@@ -598,57 +598,75 @@ static void lora_op_free(struct lora_op *o) {
   free(o);
 }
 
-static void lora_client_gone(void *ud) {
-  struct lora_op *o = ud;
-  o->c = NULL;
-}
-
-/* The engine's answer: a load that every replica took is served from now on. */
-static void lora_done(void *arg, int code, const char *msg) {
-  struct lora_op *o = arg;
-  struct fe_router *r = o->r;
+static void lora_unlink(struct fe_router *r, struct lora_op *o) {
   struct lora_op **at = &r->lora_ops;
   while (*at && *at != o)
     at = &(*at)->next;
   if (*at) *at = o->next;
-  int kept = 0;
-  if (!code && o->load && r->n_run_loras < FE_ROUTE_MAX_RUN_LORAS) {
-    r->run_loras[r->n_run_loras++] = (struct fe_api_lora){o->name, o->path, o->uid};
-    o->name = o->path = NULL;
-    kept = 1;
-  }
-  if (!code && o->load && !kept) code = CM_ERR_FULL, msg = "too many run-time adapters";
-  if (o->c) {
-    fe_conn_set_abort_cb(o->c, NULL, NULL);
-    if (code) {
-      int status = code == CM_ERR_NOENT                                                      ? 404
-                   : code == CM_ERR_AGAIN || code == CM_ERR_CLOSED || code == CM_ERR_TIMEOUT ? 503
-                   : code == CM_ERR_NOMEM                                                    ? 500
-                                                                                             : 400;
-      char text[640];
-      snprintf(text, sizeof(text), "Loading the LoRA adapter failed: %s",
-               msg ? msg : cm_strerror(code));
-      reply_error(r, o->c, status, text, "lora_path");
-    } else {
-      char text[400];
-      int n = snprintf(text, sizeof(text), "Success: LoRA adapter '%.300s' %s successfully.",
-                       kept ? r->run_loras[r->n_run_loras - 1].name : o->name,
-                       o->load ? "added" : "removed");
-      reply(r, o->c, 200, "text/plain; charset=utf-8", NULL, text,
-            n > 0 && (size_t)n < sizeof(text) ? (size_t)n : strlen(text));
-    }
-  }
-  if (code && o->load)
-    cm_warn(TAG, "LoRA adapter %s (%s) not loaded: %s", o->name, o->path, msg ? msg : "");
-  else
-    cm_info(TAG, "LoRA adapter %s %s", kept ? r->run_loras[r->n_run_loras - 1].name : o->name,
-            o->load ? "loaded" : "unloaded");
+}
+
+/* The engine's answer to an unload: nothing waits for it (the name went at once). */
+static void unload_done(void *arg, int code, const char *msg) {
+  struct lora_op *o = arg;
+  if (code) cm_warn(TAG, "LoRA adapter %s: unloading: %s", o->name, msg ? msg : cm_strerror(code));
+  lora_unlink(o->r, o);
   lora_op_free(o);
 }
 
+/* The engine's answer to a load: an adapter every replica asked took is served from now
+ * on. The answer goes to the connection whether or not the client is still there (a
+ * connection is freed once answered). */
+static void load_done(void *arg, int code, const char *msg) {
+  struct lora_op *o = arg;
+  struct fe_router *r = o->r;
+  struct fe_conn *c = o->c;
+  lora_unlink(r, o);
+  char text[700];
+  if (!code && r->n_run_loras < FE_ROUTE_MAX_RUN_LORAS) {
+    int n =
+        snprintf(text, sizeof(text), "Success: LoRA adapter '%.300s' added successfully.", o->name);
+    cm_info(TAG, "LoRA adapter %s (%s) loaded", o->name, o->path);
+    r->run_loras[r->n_run_loras++] = (struct fe_api_lora){o->name, o->path, o->uid};
+    o->name = o->path = NULL;
+    lora_op_free(o);
+    reply(r, c, 200, "text/plain; charset=utf-8", NULL, text,
+          n > 0 && (size_t)n < sizeof(text) ? (size_t)n : strlen(text));
+    return;
+  }
+  if (!code) code = CM_ERR_FULL, msg = "too many adapters loaded at run time: unload one first";
+  int status = code == CM_ERR_NOENT                                                      ? 404
+               : code == CM_ERR_AGAIN || code == CM_ERR_CLOSED || code == CM_ERR_TIMEOUT ? 503
+               : code == CM_ERR_NOMEM                                                    ? 500
+               : code == CM_ERR_FULL                                                     ? 429
+                                                                                         : 400;
+  snprintf(text, sizeof(text), "Loading the LoRA adapter failed: %s",
+           msg ? msg : cm_strerror(code));
+  cm_warn(TAG, "LoRA adapter %s (%s) not loaded: %s", o->name, o->path, text);
+  if (code == CM_ERR_FULL && r->hooks.lora) { /* (loaded, past the cap: freed again) */
+    o->load = 0;
+    o->c = NULL;
+    o->next = r->lora_ops;
+    r->lora_ops = o;
+    if (r->hooks.lora(r->hooks.ud, PR_LORA_UNLOAD, o->uid, NULL, unload_done, o))
+      unload_done(o, 0, NULL);
+  } else {
+    lora_op_free(o);
+  }
+  reply_error(r, c, status, text, "lora_path");
+}
+
+/* Whether s holds a control byte (which no name or path of ours carries into a log). */
+static int has_control(const char *s) {
+  for (; s && *s; s++)
+    if ((unsigned char)*s < 0x20 || *s == 0x7f) return 1;
+  return 0;
+}
+
 /* POST /v1/load_lora_adapter {"lora_name", "lora_path"} and /v1/unload_lora_adapter
- * {"lora_name"} (vLLM's, served with --allow-runtime-lora-updating): the adapter is
- * served under its name once every replica's workers hold it, or no longer. */
+ * {"lora_name"} (vLLM's, served with --allow-runtime-lora-updating). A load is served
+ * under its name once the ready replicas' workers hold it (the others load it when a
+ * request names it); an unload takes the name away at once, and each scheduler frees the
+ * adapter once no request runs with it. */
 static void on_lora_update(struct fe_router *r, struct fe_conn *c, const char *body, size_t len,
                            int load) {
   if (!r->cfg.runtime_lora) {
@@ -663,19 +681,21 @@ static void on_lora_update(struct fe_router *r, struct fe_conn *c, const char *b
   const char *why = NULL, *param = NULL;
   int status = 400;
   char msg[400];
-  if (!json_is_object(j))
-    why = "the body must be a JSON object";
-  else if (!name || !*name || (load && (!path || !*path)))
-    why = load ? "Both 'lora_name' and 'lora_path' must be provided."
-               : "'lora_name' must be provided.",
-    param = name && *name ? "lora_path" : "lora_name";
-  else if (strlen(name) > 256 || (path && strlen(path) > PR_MAX_STR))
-    why = "'lora_name' or 'lora_path' is too long", param = "lora_name";
   int at = -1;
-  for (int i = 0; !why && i < r->n_run_loras; i++)
+  for (int i = 0; name && i < r->n_run_loras; i++)
     if (!strcmp(name, r->run_loras[i].name)) at = i;
-  if (why) { /* (the body's own mistakes first) */
-    ;
+  if (!json_is_object(j)) {
+    why = "the body must be a JSON object";
+  } else if (!name || !*name || (load && (!path || !*path))) {
+    why = load ? "Both 'lora_name' and 'lora_path' must be provided."
+               : "'lora_name' must be provided.";
+    param = name && *name ? "lora_path" : "lora_name";
+  } else if (strlen(name) > 256 || has_control(name)) {
+    why = "'lora_name' must be at most 256 bytes, without control characters";
+    param = "lora_name";
+  } else if (load && (strlen(path) > PR_MAX_STR || has_control(path))) {
+    why = "'lora_path' must be a path of at most 4096 bytes, without control characters";
+    param = "lora_path";
   } else if (load && name_taken(r, name)) {
     snprintf(msg, sizeof(msg), "The lora adapter '%.256s' has already been loaded.", name);
     why = msg, param = "lora_name";
@@ -692,7 +712,7 @@ static void on_lora_update(struct fe_router *r, struct fe_conn *c, const char *b
                     : "The lora adapter '%.256s' cannot be found.",
              name);
     why = msg, param = "lora_name", status = listed ? 400 : 404;
-  } else if (!r->hooks.lora) {
+  } else if (load && !r->hooks.lora) {
     why = "engine not ready", status = 503;
   }
   struct lora_op *o = why ? NULL : calloc(1, sizeof(*o));
@@ -709,23 +729,33 @@ static void on_lora_update(struct fe_router *r, struct fe_conn *c, const char *b
   o->r = r;
   o->c = c;
   o->load = load;
-  if (load) { /* an id no other adapter of this frontend has had */
-    while (!o->uid)
-      o->uid = cm_mix64(cm_time_ns() ^ (uint64_t)(uintptr_t)o ^ ((uint64_t)r->n_run_loras << 48));
-  } else { /* no longer served: new requests cannot name it; those that run finish */
+  if (!load) { /* no longer served: new requests cannot name it; those that run finish */
     o->uid = r->run_loras[at].uid;
     o->path = r->run_loras[at].path;
     free(r->run_loras[at].name);
     memmove(&r->run_loras[at], &r->run_loras[at + 1],
             sizeof(r->run_loras[0]) * (size_t)(r->n_run_loras - at - 1)); /* (listed in order) */
     r->n_run_loras--;
+    char text[400];
+    int n = snprintf(text, sizeof(text), "Success: LoRA adapter '%.300s' removed successfully.",
+                     o->name);
+    reply(r, c, 200, "text/plain; charset=utf-8", NULL, text,
+          n > 0 && (size_t)n < sizeof(text) ? (size_t)n : strlen(text));
+    cm_info(TAG, "LoRA adapter %s unloaded", o->name);
+    o->c = NULL;
+    o->next = r->lora_ops;
+    r->lora_ops = o;
+    if (!r->hooks.lora || r->hooks.lora(r->hooks.ud, PR_LORA_UNLOAD, o->uid, NULL, unload_done, o))
+      unload_done(o, 0, NULL); /* (the schedulers free it when they make way for another) */
+    return;
   }
+  /* an id no other adapter of this frontend has had */
+  static uint64_t serial;
+  o->uid = cm_mix64(cm_time_wall_ns() ^ cm_mix64(++serial ^ (uint64_t)(uintptr_t)r)) | 1;
   o->next = r->lora_ops;
   r->lora_ops = o;
-  fe_conn_set_abort_cb(c, lora_client_gone, o);
-  int rc = r->hooks.lora(r->hooks.ud, load ? PR_LORA_LOAD : PR_LORA_UNLOAD, o->uid, o->path,
-                         lora_done, o);
-  if (rc) lora_done(o, rc, rc == CM_ERR_AGAIN ? "engine not ready" : cm_strerror(rc));
+  int rc = r->hooks.lora(r->hooks.ud, PR_LORA_LOAD, o->uid, o->path, load_done, o);
+  if (rc) load_done(o, rc, rc == CM_ERR_AGAIN ? "no replica is ready" : cm_strerror(rc));
 }
 
 static void on_load_lora(struct fe_router *r, struct fe_conn *c, const char *b, size_t n) {

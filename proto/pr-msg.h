@@ -256,7 +256,8 @@ enum pr_lora_op {
   PR_LORA_UNLOAD = 2,
 };
 struct pr_lora {
-  uint64_t nonce;      /* LORA, LORA_DONE: the frontend's, answered with it */
+  uint64_t nonce;      /* LORA, LORA_DONE: the frontend's, answered with it; LORA_ACK: the
+                          CTRL LORA_LOAD's arg */
   uint32_t op;         /* LORA: enum pr_lora_op */
   uint64_t uid;        /* LORA: the adapter's id (never 0) */
   const char *path;    /* LORA load: its folder or GGUF file */
@@ -408,9 +409,10 @@ enum pr_ctrl_op {
                             scheduler does not know this rank: it restarted, or gave the rank up) */
   PR_CTRL_GRAMMARS = 5,  /* to a worker: build the structured-output state (its vocabulary's
                             trie) now, beside the steps it runs; BEAT says when it is there */
-  PR_CTRL_LORA_LOAD = 6, /* to a worker: load the LoRA adapter at path `text` into slot `arg`
-                            (after the static ones, PR_MAX_LORAS at most), replacing the one
-                            there; LORA_ACK answers */
+  PR_CTRL_LORA_LOAD = 6, /* to a worker: load the LoRA adapter at path `text` into the slot in
+                            `arg`'s low 8 bits (after the list's, PR_MAX_LORAS at most),
+                            replacing the one there; LORA_ACK answers, its nonce `arg` (the
+                            bits above the slot number the scheduler's load) */
   PR_CTRL_LORA_DROP = 7, /* to a worker: free slot `arg`'s adapter */
   PR_CTRL_OP_MAX = 7,
 };

@@ -68,6 +68,8 @@ struct sch_lora_slot {
   bool ready;            /* every rank holds it */
   bool unload;           /* freed once nothing holds it */
   int32_t expect, acked; /* ranks sent LORA_LOAD, and those that answered */
+  uint64_t gen;          /* the load's number (its LORA_ACKs echo it); 0: none sent */
+  uint64_t load_ns;      /* monotonic: when LORA_LOAD was sent */
   int code;              /* the first refusal (a rank's LORA_ACK) */
   char msg[384];
   uint64_t used; /* lora_tick when last named */
@@ -190,7 +192,7 @@ struct sch_server {
 
   /* run-time LoRA adapters: slots info.n_lora + 1 .. PR_MAX_LORAS (sch-server-lora.c) */
   struct sch_lora_slot loras[PR_MAX_LORAS + 1];
-  uint64_t lora_tick;
+  uint64_t lora_tick, lora_gen;
 
   /* cumulative */
   uint64_t prompt_tokens, generation_tokens;
@@ -256,6 +258,8 @@ void sch_srv_on_lora_ack(struct sch_server *s, int32_t rank, const struct pr_lor
 /* Every slot emptied (a rank failed, or the scheduler stops): the loads waiting are
  * answered with why. */
 void sch_srv_lora_reset(struct sch_server *s, const char *why);
+/* Fails the slots whose load has taken longer than SCH_LORA_LOAD_TIMEOUT_S. */
+void sch_srv_lora_check(struct sch_server *s);
 /* The prefix cache's salt of a request with run-time adapter uid: its blocks apart
  * from the base model's and from every other adapter's, whatever slot it takes. */
 uint64_t sch_srv_lora_salt(uint64_t salt, uint64_t uid);

@@ -19,9 +19,13 @@
 #include "common/cm-err.h"
 #include "common/cm-hash.h"
 #include "common/cm-log.h"
+#include "common/cm-time.h"
 #include "scheduler/sch-server-impl.h"
 
 #define TAG "sch"
+
+/* Seconds every rank may take to load an adapter before the load fails. */
+#define SCH_LORA_LOAD_TIMEOUT_S 600
 
 /* Sends LORA_DONE for (front, nonce). */
 static void send_done(struct sch_server *s, int32_t front, uint64_t nonce, int code,
@@ -36,9 +40,10 @@ static void send_done(struct sch_server *s, int32_t front, uint64_t nonce, int c
   if (rc) cm_warn(TAG, "frontend %d: LORA_DONE not sent: %s", (int)front, cm_strerror(rc));
 }
 
-/* Sends CTRL op (LORA_LOAD with the path, LORA_DROP) for slot to every ready rank;
- * how many it went to. */
-static int32_t send_ctrl(struct sch_server *s, uint32_t op, int32_t slot, const char *path) {
+/* Sends CTRL op (LORA_LOAD with the path, LORA_DROP) with arg (the slot, and for a load
+ * its number above the low 8 bits) to every ready rank; how many it went to. */
+static int32_t send_ctrl(struct sch_server *s, uint32_t op, int64_t arg, const char *path) {
+  const int32_t slot = (int32_t)(arg & 0xff);
   int32_t n = 0;
   for (int32_t r = 0; r < s->cfg.world_size; r++) {
     struct sch_rank *k = &s->ranks[r];
@@ -46,7 +51,7 @@ static int32_t send_ctrl(struct sch_server *s, uint32_t op, int32_t slot, const 
     struct pr_msg m;
     pr_msg_init(&m, PR_CTRL);
     m.u.ctrl.op = op;
-    m.u.ctrl.arg = slot;
+    m.u.ctrl.arg = arg;
     m.u.ctrl.text = path;
     int rc = pr_sock_send(s->work_sock, &k->rid, &m, 0);
     if (rc)
@@ -62,9 +67,11 @@ static struct sch_lora_slot *slot_of(struct sch_server *s, int32_t slot) {
   return slot > (int32_t)s->info.n_lora && slot <= PR_MAX_LORAS ? &s->loras[slot] : NULL;
 }
 
-/* Empties slot i: its loads are answered with (code, msg) when code is not 0. */
+/* Empties slot i: its loads are answered with (code, msg) when code is not 0; the ranks
+ * sent its adapter free it (after loading it, when they still are). */
 static void slot_clear(struct sch_server *s, int32_t i, int code, const char *msg) {
   struct sch_lora_slot *l = &s->loras[i];
+  if (l->uid && l->gen) send_ctrl(s, PR_CTRL_LORA_DROP, i, NULL);
   for (int32_t w = 0; w < l->n_wait; w++)
     send_done(s, l->wait[w].front, l->wait[w].nonce, code, msg);
   if (s->engine) sch_engine_set_lora(s->engine, i, false);
@@ -103,7 +110,9 @@ static int32_t acquire(struct sch_server *s, uint64_t uid, const char *path, cha
   if (!(l->path = strdup(path))) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   l->uid = uid;
   l->used = ++s->lora_tick;
-  l->expect = send_ctrl(s, PR_CTRL_LORA_LOAD, pick, path);
+  l->gen = ++s->lora_gen;
+  l->load_ns = cm_time_ns();
+  l->expect = send_ctrl(s, PR_CTRL_LORA_LOAD, (int64_t)(l->gen << 8 | (uint64_t)pick), path);
   if (l->expect < s->cfg.world_size) {
     slot_clear(s, pick, 0, NULL);
     return cm_fail(err, errlen, CM_ERR_AGAIN, "LoRA adapter %s could not be sent to every rank",
@@ -124,7 +133,6 @@ int32_t sch_srv_lora_acquire(struct sch_server *s, uint64_t uid, const char *pat
 static void maybe_unload(struct sch_server *s, int32_t i) {
   struct sch_lora_slot *l = &s->loras[i];
   if (!l->uid || !l->unload || l->refs || l->n_wait) return;
-  if (l->ready) send_ctrl(s, PR_CTRL_LORA_DROP, i, NULL);
   cm_info(TAG, "LoRA slot %d (%s) unloaded", (int)i, l->path);
   slot_clear(s, i, 0, NULL);
 }
@@ -171,10 +179,27 @@ void sch_srv_on_lora(struct sch_server *s, int32_t front, const struct pr_lora *
   l->wait[l->n_wait++].nonce = m->nonce;
 }
 
+/* Slot i's load failed: its requests get an ERR, its loads a LORA_DONE, and the slot is
+ * free again (a later request loads the adapter anew). */
+static void slot_failed(struct sch_server *s, int32_t slot, int code, const char *why) {
+  char msg[sizeof(s->loras[0].msg)];
+  snprintf(msg, sizeof(msg), "%s", why);
+  cm_warn(TAG, "LoRA adapter %s (slot %d): %s", s->loras[slot].path, (int)slot, msg);
+  for (int32_t i = 0; i < s->reqs.cap; i++) {
+    struct sch_req *q = &s->reqs.slots[i];
+    if (!q->eid || q->lora_slot != slot) continue;
+    int32_t front = q->front;
+    uint64_t id = q->request_id;
+    sch_srv_drop(s, q, true);
+    sch_srv_send_err(s, front, id, code, "LoRA adapter: %s", msg);
+  }
+  slot_clear(s, slot, code, msg);
+}
+
 void sch_srv_on_lora_ack(struct sch_server *s, int32_t rank, const struct pr_lora *m) {
   struct sch_lora_slot *l = slot_of(s, (int32_t)m->slot);
-  if (!l || !l->uid || l->ready) {
-    cm_warn(TAG, "worker rank %d: LORA_ACK for slot %u, which loads nothing; dropped", (int)rank,
+  if (!l || !l->uid || l->ready || l->gen != m->nonce >> 8) { /* (a load since replaced) */
+    cm_info(TAG, "worker rank %d: LORA_ACK of an earlier load into slot %u; dropped", (int)rank,
             (unsigned)m->slot);
     return;
   }
@@ -185,32 +210,27 @@ void sch_srv_on_lora_ack(struct sch_server *s, int32_t rank, const struct pr_lor
              m->message && *m->message ? m->message : cm_strerror(m->code));
   }
   if (++l->acked < l->expect) return;
-  if (!l->code) {
-    l->ready = true;
-    if (s->engine) sch_engine_set_lora(s->engine, slot, true);
-    for (int32_t w = 0; w < l->n_wait; w++)
-      send_done(s, l->wait[w].front, l->wait[w].nonce, 0, NULL);
-    l->n_wait = 0;
-    s->plan_idle = false;
-    cm_info(TAG, "LoRA adapter %s ready in slot %d", l->path, (int)slot);
-    maybe_unload(s, slot);
+  if (l->code) {
+    slot_failed(s, slot, l->code, l->msg);
     return;
   }
-  /* a rank could not load it: its requests fail, the slot is free again */
-  char msg[sizeof(l->msg)];
-  memcpy(msg, l->msg, sizeof(msg));
-  int code = l->code;
-  cm_warn(TAG, "LoRA adapter %s (slot %d): %s", l->path, (int)slot, msg);
-  for (int32_t i = 0; i < s->reqs.cap; i++) {
-    struct sch_req *q = &s->reqs.slots[i];
-    if (!q->eid || q->lora_slot != slot) continue;
-    int32_t front = q->front;
-    uint64_t id = q->request_id;
-    sch_srv_drop(s, q, true);
-    sch_srv_send_err(s, front, id, code, "LoRA adapter: %s", msg);
+  l->ready = true;
+  if (s->engine) sch_engine_set_lora(s->engine, slot, true);
+  for (int32_t w = 0; w < l->n_wait; w++)
+    send_done(s, l->wait[w].front, l->wait[w].nonce, 0, NULL);
+  l->n_wait = 0;
+  s->plan_idle = false;
+  cm_info(TAG, "LoRA adapter %s ready in slot %d", l->path, (int)slot);
+  maybe_unload(s, slot);
+}
+
+void sch_srv_lora_check(struct sch_server *s) {
+  uint64_t now = cm_time_ns(), limit = (uint64_t)SCH_LORA_LOAD_TIMEOUT_S * 1000000000ull;
+  for (int32_t i = 1; i <= PR_MAX_LORAS; i++) {
+    const struct sch_lora_slot *l = &s->loras[i];
+    if (l->uid && !l->ready && now - l->load_ns > limit)
+      slot_failed(s, i, CM_ERR_TIMEOUT, "the workers did not load it in time");
   }
-  send_ctrl(s, PR_CTRL_LORA_DROP, slot, NULL); /* the ranks that loaded it free it */
-  slot_clear(s, slot, code, msg);
 }
 
 void sch_srv_lora_reset(struct sch_server *s, const char *why) {

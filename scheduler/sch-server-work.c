@@ -677,6 +677,7 @@ void sch_srv_work_check(struct sch_server *s) {
       fail_rank(s, r, CM_ERR_TIMEOUT, why);
     }
   }
+  sch_srv_lora_check(s);
 }
 
 /* ---- STEP ------------------------------------------------------------------------ */

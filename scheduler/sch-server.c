@@ -245,17 +245,6 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
       return;
     }
   }
-  if (a->lora_uid) { /* a run-time adapter: its slot, which loads it if none holds it */
-    char lerr[512] = "";
-    int32_t slot = sch_srv_lora_acquire(s, a->lora_uid, a->lora_path, lerr, sizeof(lerr));
-    if (slot < 0) {
-      sch_srv_drop(s, r, false);
-      sch_srv_send_err(s, front, a->request_id, slot, "%s", lerr);
-      return;
-    }
-    r->lora_slot = slot;
-    sp.lora = (uint32_t)slot; /* what the workers read */
-  }
   /* the engine keeps the parameters as one blob: the struct, then the grammar's text
    * (padded to 4 bytes), the biased ids, their biases, the bad words' ids and lengths
    * (the struct's pointers are set again from the blob when a step sends it,
@@ -289,7 +278,7 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
       return;
     }
   }
-  if (sp.lora && !r->lora_slot && (sp.lora > s->info.n_lora || a->lora_sum != s->info.lora_sum)) {
+  if (sp.lora && (sp.lora > s->info.n_lora || a->lora_sum != s->info.lora_sum)) {
     sch_srv_drop(s, r, false);
     if (sp.lora > s->info.n_lora)
       sch_srv_send_err(s, front, a->request_id, CM_ERR_INVAL,
@@ -302,11 +291,7 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
     return;
   }
   /* an adapter's K/V differ from the base model's: its blocks are cached apart */
-  if (r->lora_slot) /* (a slot holds other adapters in turn: the adapter's id, not its slot) */
-    p.cache_salt = sch_srv_lora_salt(a->cache_salt, a->lora_uid);
-  else if (sp.lora)
-    p.cache_salt = cm_mix64(a->cache_salt ^ cm_mix64(0x4c6f5241ull + sp.lora));
-  p.lora_slot = r->lora_slot;
+  if (sp.lora) p.cache_salt = cm_mix64(a->cache_salt ^ cm_mix64(0x4c6f5241ull + sp.lora));
   struct sch_image images[PR_MAX_IMAGES];
   char err[256] = "";
   int rc = add_images(s, a, images, err, sizeof(err));
@@ -327,6 +312,20 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
   if (p.constrained && !s->want_grammars) {
     s->want_grammars = true;
     sch_srv_grammars(s);
+  }
+  if (a->lora_uid) { /* a run-time adapter, the request checked: its slot, which loads it
+                       if none holds it */
+    int32_t slot = sch_srv_lora_acquire(s, a->lora_uid, a->lora_path, err, sizeof(err));
+    if (slot < 0) {
+      sch_srv_drop(s, r, false);
+      sch_srv_send_err(s, front, a->request_id, slot, "%s", err);
+      return;
+    }
+    r->lora_slot = p.lora_slot = slot;
+    sp.lora = (uint32_t)slot; /* what the workers read */
+    p.sampling_len = sch_srv_sampling_to_blob(&sp, blob);
+    /* (a slot holds other adapters in turn: the adapter's id keys its blocks) */
+    p.cache_salt = sch_srv_lora_salt(a->cache_salt, a->lora_uid);
   }
   rc = sch_engine_add(s->engine, &p, err, sizeof(err));
   if (rc) {

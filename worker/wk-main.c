@@ -108,7 +108,7 @@ static void send_fail(struct wk_proc *p, uint64_t step_id, int code, const char 
 /* CTRL LORA_LOAD (answered with LORA_ACK) and LORA_DROP: a run-time adapter in or out
  * of its slot. The open step, if any, has answered before: no forward runs meanwhile. */
 static void lora_ctrl(struct wk_proc *p, const struct pr_ctrl *c) {
-  int slot = c->arg > 0 && c->arg <= PR_MAX_LORAS ? (int)c->arg : 0;
+  int slot = (int)(c->arg & 0xff) <= PR_MAX_LORAS && c->arg > 0 ? (int)(c->arg & 0xff) : 0;
   if (c->op == PR_CTRL_LORA_DROP) {
     wk_model_drop_lora(p->model, slot);
     cm_info(TAG, "LoRA slot %d freed", slot);
@@ -125,6 +125,7 @@ static void lora_ctrl(struct wk_proc *p, const struct pr_ctrl *c) {
     cm_info(TAG, "LoRA adapter %s loaded into slot %d", c->text, slot);
   struct pr_msg m;
   pr_msg_init(&m, PR_LORA_ACK);
+  m.u.lora.nonce = (uint64_t)c->arg;
   m.u.lora.rank = p->rank;
   m.u.lora.slot = (uint32_t)slot;
   m.u.lora.code = rc;
