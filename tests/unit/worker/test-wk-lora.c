@@ -220,16 +220,22 @@ TH_TEST(lora_logits_vs_reference) {
   teardown(&f);
 }
 
+/* Adapters 1 ("one": rank 4, every projection) and 2 ("two": rank 16, four of them) of
+ * f's model, their folders into a1 and a2 (4200 bytes each). */
+static void two_adapters(struct fx *f, char *a1, char *a2) {
+  make_adapter(f, "one", a1, 4200, (char *[]){"--rank", "4", "--seed", "3", NULL});
+  make_adapter(f, "two", a2, 4200,
+               (char *[]){"--rank", "16", "--targets", "k_proj,o_proj,gate_proj,up_proj", "--seed",
+                          "4", NULL});
+  add_lora(f, "one", a1);
+  add_lora(f, "two", a2);
+}
+
 TH_TEST(lora_batch_bits) {
   struct fx f;
   setup(&f, "gemma3");
   char a1[4200], a2[4200];
-  make_adapter(&f, "one", a1, sizeof(a1), (char *[]){"--rank", "4", "--seed", "3", NULL});
-  make_adapter(&f, "two", a2, sizeof(a2),
-               (char *[]){"--rank", "16", "--targets", "k_proj,o_proj,gate_proj,up_proj", "--seed",
-                          "4", NULL});
-  add_lora(&f, "one", a1);
-  add_lora(&f, "two", a2);
+  two_adapters(&f, a1, a2);
   int32_t p[3][MAX_T];
   int len[3] = {37, 21, 30}, lora[3] = {1, 0, 2};
   float *alone[3];
@@ -287,12 +293,7 @@ TH_TEST(lora_run_time_slots) {
   struct fx f;
   setup(&f, "gemma3");
   char a1[4200], a2[4200];
-  make_adapter(&f, "one", a1, sizeof(a1), (char *[]){"--rank", "4", "--seed", "3", NULL});
-  make_adapter(&f, "two", a2, sizeof(a2),
-               (char *[]){"--rank", "16", "--targets", "k_proj,o_proj,gate_proj,up_proj", "--seed",
-                          "4", NULL});
-  add_lora(&f, "one", a1);
-  add_lora(&f, "two", a2);
+  two_adapters(&f, a1, a2);
   int32_t p[MAX_T];
   const int len = 29;
   prompt(p, len, f.V, 7);
