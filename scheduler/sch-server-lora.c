@@ -93,11 +93,10 @@ static int32_t acquire(struct sch_server *s, uint64_t uid, const char *path, cha
     return cm_fail(err, errlen, CM_ERR_AGAIN, "the workers are not ready (LoRA adapter %s)", path);
   for (int32_t i = first; i <= PR_MAX_LORAS && !pick; i++)
     if (!s->loras[i].uid) pick = i;
-  for (int32_t i = first; i <= PR_MAX_LORAS && !pick; i++) { /* the least recently used idle one */
+  for (int32_t i = first, none_free = !pick; none_free && i <= PR_MAX_LORAS; i++) {
+    /* none free: the least recently used of those no request holds */
     const struct sch_lora_slot *l = &s->loras[i];
-    if (l->ready && !l->refs && !l->n_wait &&
-        (!pick || l->used < s->loras[pick].used || !s->loras[pick].ready))
-      pick = i;
+    if (l->ready && !l->refs && !l->n_wait && (!pick || l->used < s->loras[pick].used)) pick = i;
   }
   if (!pick)
     return cm_fail(err, errlen, CM_ERR_FULL,

@@ -370,6 +370,31 @@ static void check_runtime(const struct as_server *a, const struct as_server *b) 
   }
   /* the cache: the reloaded rt1 is another adapter */
   TH_CHECK_EQ_INT(cached(a, "rt1", prompt), 0);
+  /* more adapters than the 62 slots after the list's: the one used longest ago makes way
+   * for each load past them, and is loaded again when a request names it */
+  struct answer as_ad1;
+  ask(a, "ad1", prompts[0], 0, &as_ad1);
+  for (int i = 0; i < 64; i++) {
+    snprintf(body, sizeof(body), "{\"lora_name\":\"m%d\",\"lora_path\":\"%s/ad1\"}", i, lora_dir);
+    TH_CHECK_EQ_INT(post_text(a, "/v1/load_lora_adapter", body, text, sizeof(text)), 200);
+  }
+  for (int i = 0; i < 3; i++) { /* m0 and m1 went first; rt1 was used before them */
+    struct answer x;
+    ask(a, i == 2 ? "rt1" : i ? "m1" : "m0", prompts[0], 0, &x);
+    if (i < 2) TH_CHECK_EQ_STR(x.text, as_ad1.text);
+  }
+  FILE *f = fopen(a->log, "r");
+  TH_REQUIRE(f != NULL);
+  char line[1024];
+  int made_way = 0;
+  while (fgets(line, sizeof(line), f))
+    made_way += strstr(line, "makes way for") != NULL;
+  fclose(f);
+  TH_CHECK(made_way >= 4);
+  for (int i = 0; i < 64; i++) {
+    snprintf(body, sizeof(body), "{\"lora_name\":\"m%d\"}", i);
+    TH_CHECK_EQ_INT(post_text(a, "/v1/unload_lora_adapter", body, text, sizeof(text)), 200);
+  }
 }
 
 /* (e) */
