@@ -129,12 +129,17 @@ void fe_eng_lora_lost(struct fe_replica *p) {
 }
 
 void fe_eng_lora_tick(struct fe_engine *e, uint64_t now) {
+  /* nothing received while the list is walked: an answer would free the op after this */
+  int was_pumping = e->pumping;
+  e->pumping = 1;
   for (struct fe_eng_lora_op *o = e->lora_ops, *next; o; o = next) {
     next = o->next;
     if (now - o->t0 < (uint64_t)FE_ENG_LORA_TIMEOUT_S * 1000000000ull) continue;
     fail(o, CM_ERR_TIMEOUT, "the workers did not load the adapter in %d s", FE_ENG_LORA_TIMEOUT_S);
     finish(e, o);
   }
+  e->pumping = was_pumping;
+  if (!was_pumping) fe_eng_pump(e);
 }
 
 void fe_eng_lora_free(struct fe_engine *e) {

@@ -633,7 +633,8 @@ static void load_done(void *arg, int code, const char *msg) {
           n > 0 && (size_t)n < sizeof(text) ? (size_t)n : strlen(text));
     return;
   }
-  if (!code) code = CM_ERR_FULL, msg = "too many adapters loaded at run time: unload one first";
+  const int past_cap = !code; /* (loaded by the workers, but no room for its name) */
+  if (past_cap) code = CM_ERR_FULL, msg = "too many adapters loaded at run time: unload one first";
   int status = code == CM_ERR_NOENT                                                      ? 404
                : code == CM_ERR_AGAIN || code == CM_ERR_CLOSED || code == CM_ERR_TIMEOUT ? 503
                : code == CM_ERR_NOMEM                                                    ? 500
@@ -642,7 +643,7 @@ static void load_done(void *arg, int code, const char *msg) {
   snprintf(text, sizeof(text), "Loading the LoRA adapter failed: %s",
            msg ? msg : cm_strerror(code));
   cm_warn(TAG, "LoRA adapter %s (%s) not loaded: %s", o->name, o->path, text);
-  if (code == CM_ERR_FULL && r->hooks.lora) { /* (loaded, past the cap: freed again) */
+  if (past_cap && r->hooks.lora) { /* freed again */
     o->load = 0;
     o->c = NULL;
     o->next = r->lora_ops;

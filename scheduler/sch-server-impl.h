@@ -249,6 +249,10 @@ bool sch_srv_has_work(struct sch_server *s);
  * has requests; CM_ERR_AGAIN: the workers are not ready) with the reason in err. */
 int32_t sch_srv_lora_acquire(struct sch_server *s, uint64_t uid, const char *path, char *err,
                              size_t errlen);
+/* The slot sch_srv_lora_acquire would give adapter uid now, changing nothing (or a
+ * negative cm_err, as it). */
+int32_t sch_srv_lora_pick(struct sch_server *s, uint64_t uid, const char *path, char *err,
+                          size_t errlen);
 /* A request that held slot `slot` is gone. */
 void sch_srv_lora_release(struct sch_server *s, int32_t slot);
 /* A frontend's LORA (load or unload); answered with LORA_DONE. */

@@ -72,58 +72,73 @@ static struct sch_lora_slot *slot_of(struct sch_server *s, int32_t slot) {
 static void slot_clear(struct sch_server *s, int32_t i, int code, const char *msg) {
   struct sch_lora_slot *l = &s->loras[i];
   if (l->uid && l->gen) send_ctrl(s, PR_CTRL_LORA_DROP, i, NULL);
-  for (int32_t w = 0; w < l->n_wait; w++)
+  for (int32_t w = 0; w < l->n_wait; w++) {
     send_done(s, l->wait[w].front, l->wait[w].nonce, code, msg);
+    s->fronts[l->wait[w].front].num_live--;
+  }
   if (s->engine) sch_engine_set_lora(s->engine, i, false);
   free(l->path);
   memset(l, 0, sizeof(*l));
 }
 
-/* The slot that holds (or loads) adapter uid, taking one and sending LORA_LOAD when none
- * does: its number, or a negative cm_err with the reason in err. */
-static int32_t acquire(struct sch_server *s, uint64_t uid, const char *path, char *err,
-                       size_t errlen) {
-  int32_t first = (int32_t)s->info.n_lora + 1, pick = 0;
+/* The slot adapter uid has, or would take: one that holds (or loads) it, else a free
+ * one, else the idle one used longest ago. Its number (nothing changes), or a negative
+ * cm_err with the reason in err. */
+static int32_t pick(struct sch_server *s, uint64_t uid, const char *path, char *err,
+                    size_t errlen) {
+  int32_t first = (int32_t)s->info.n_lora + 1, at = 0;
   for (int32_t i = first; i <= PR_MAX_LORAS; i++)
-    if (s->loras[i].uid == uid) {
-      s->loras[i].used = ++s->lora_tick;
-      return i;
-    }
+    if (s->loras[i].uid == uid) return i;
   if (!s->serving)
     return cm_fail(err, errlen, CM_ERR_AGAIN, "the workers are not ready (LoRA adapter %s)", path);
-  for (int32_t i = first; i <= PR_MAX_LORAS && !pick; i++)
-    if (!s->loras[i].uid) pick = i;
-  for (int32_t i = first, none_free = !pick; none_free && i <= PR_MAX_LORAS; i++) {
-    /* none free: the least recently used of those no request holds */
-    const struct sch_lora_slot *l = &s->loras[i];
-    if (l->ready && !l->refs && !l->n_wait && (!pick || l->used < s->loras[pick].used)) pick = i;
+  for (int32_t i = first; i <= PR_MAX_LORAS && !at; i++)
+    if (!s->loras[i].uid) at = i;
+  for (int32_t i = first, none_free = !at; none_free && i <= PR_MAX_LORAS; i++) {
+    const struct sch_lora_slot *l = &s->loras[i]; /* (none holds a request or a load) */
+    if (l->ready && !l->refs && !l->n_wait && (!at || l->used < s->loras[at].used)) at = i;
   }
-  if (!pick)
+  if (!at)
     return cm_fail(err, errlen, CM_ERR_FULL,
                    "every run-time LoRA slot (%d) has requests running with its adapter",
                    PR_MAX_LORAS - first + 1);
-  if (s->loras[pick].uid)
-    cm_info(TAG, "LoRA slot %d: %s makes way for %s", (int)pick, s->loras[pick].path, path);
-  slot_clear(s, pick, 0, NULL);
-  struct sch_lora_slot *l = &s->loras[pick];
+  return at;
+}
+
+/* pick's slot, taken: when it does not hold the adapter, emptied and sent LORA_LOAD. */
+static int32_t take(struct sch_server *s, uint64_t uid, const char *path, char *err,
+                    size_t errlen) {
+  int32_t at = pick(s, uid, path, err, errlen);
+  if (at < 0) return at;
+  struct sch_lora_slot *l = &s->loras[at];
+  if (l->uid == uid) {
+    l->used = ++s->lora_tick;
+    return at;
+  }
+  if (l->uid) cm_info(TAG, "LoRA slot %d: %s makes way for %s", (int)at, l->path, path);
+  slot_clear(s, at, 0, NULL);
   if (!(l->path = strdup(path))) return cm_fail(err, errlen, CM_ERR_NOMEM, "out of memory");
   l->uid = uid;
   l->used = ++s->lora_tick;
   l->gen = ++s->lora_gen;
   l->load_ns = cm_time_ns();
-  l->expect = send_ctrl(s, PR_CTRL_LORA_LOAD, (int64_t)(l->gen << 8 | (uint64_t)pick), path);
+  l->expect = send_ctrl(s, PR_CTRL_LORA_LOAD, (int64_t)(l->gen << 8 | (uint64_t)at), path);
   if (l->expect < s->cfg.world_size) {
-    slot_clear(s, pick, 0, NULL);
+    slot_clear(s, at, 0, NULL);
     return cm_fail(err, errlen, CM_ERR_AGAIN, "LoRA adapter %s could not be sent to every rank",
                    path);
   }
-  cm_info(TAG, "LoRA adapter %s: loading into slot %d", path, (int)pick);
-  return pick;
+  cm_info(TAG, "LoRA adapter %s: loading into slot %d", path, (int)at);
+  return at;
+}
+
+int32_t sch_srv_lora_pick(struct sch_server *s, uint64_t uid, const char *path, char *err,
+                          size_t errlen) {
+  return pick(s, uid, path, err, errlen);
 }
 
 int32_t sch_srv_lora_acquire(struct sch_server *s, uint64_t uid, const char *path, char *err,
                              size_t errlen) {
-  int32_t slot = acquire(s, uid, path, err, errlen);
+  int32_t slot = take(s, uid, path, err, errlen);
   if (slot > 0) s->loras[slot].refs++;
   return slot;
 }
@@ -159,7 +174,7 @@ void sch_srv_on_lora(struct sch_server *s, int32_t front, const struct pr_lora *
     send_done(s, front, m->nonce, 0, NULL);
     return;
   }
-  int32_t slot = acquire(s, m->uid, m->path, err, sizeof(err));
+  int32_t slot = take(s, m->uid, m->path, err, sizeof(err));
   if (slot < 0) {
     send_done(s, front, m->nonce, slot, err);
     return;
@@ -176,6 +191,7 @@ void sch_srv_on_lora(struct sch_server *s, int32_t front, const struct pr_lora *
   }
   l->wait[l->n_wait].front = front;
   l->wait[l->n_wait++].nonce = m->nonce;
+  s->fronts[front].num_live++; /* (its entry stays its own until answered) */
 }
 
 /* Slot i's load failed: its requests get an ERR, its loads a LORA_DONE, and the slot is
@@ -215,8 +231,10 @@ void sch_srv_on_lora_ack(struct sch_server *s, int32_t rank, const struct pr_lor
   }
   l->ready = true;
   if (s->engine) sch_engine_set_lora(s->engine, slot, true);
-  for (int32_t w = 0; w < l->n_wait; w++)
+  for (int32_t w = 0; w < l->n_wait; w++) {
     send_done(s, l->wait[w].front, l->wait[w].nonce, 0, NULL);
+    s->fronts[l->wait[w].front].num_live--;
+  }
   l->n_wait = 0;
   s->plan_idle = false;
   cm_info(TAG, "LoRA adapter %s ready in slot %d", l->path, (int)slot);

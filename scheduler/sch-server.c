@@ -313,15 +313,15 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
     s->want_grammars = true;
     sch_srv_grammars(s);
   }
-  if (a->lora_uid) { /* a run-time adapter, the request checked: its slot, which loads it
-                       if none holds it */
-    int32_t slot = sch_srv_lora_acquire(s, a->lora_uid, a->lora_path, err, sizeof(err));
+  if (a->lora_uid) { /* a run-time adapter: the slot it will have (taken once the engine
+                       took the request, so that a request refused changes no slot) */
+    int32_t slot = sch_srv_lora_pick(s, a->lora_uid, a->lora_path, err, sizeof(err));
     if (slot < 0) {
       sch_srv_drop(s, r, false);
       sch_srv_send_err(s, front, a->request_id, slot, "%s", err);
       return;
     }
-    r->lora_slot = p.lora_slot = slot;
+    p.lora_slot = slot;
     sp.lora = (uint32_t)slot; /* what the workers read */
     p.sampling_len = sch_srv_sampling_to_blob(&sp, blob);
     /* (a slot holds other adapters in turn: the adapter's id keys its blocks) */
@@ -332,6 +332,17 @@ static void on_add(struct sch_server *s, int32_t front, const struct pr_add *a) 
     sch_srv_drop(s, r, false);
     sch_srv_send_err(s, front, a->request_id, rc, "%s", err[0] ? err : cm_strerror(rc));
     return;
+  }
+  if (a->lora_uid) { /* (the slot picked: nothing ran in between) */
+    int32_t slot = sch_srv_lora_acquire(s, a->lora_uid, a->lora_path, err, sizeof(err));
+    if (slot != p.lora_slot) {
+      sch_srv_drop(s, r, true);
+      if (slot > 0) sch_srv_lora_release(s, slot);
+      sch_srv_send_err(s, front, a->request_id, slot < 0 ? slot : CM_ERR_INVAL, "%s",
+                       slot < 0 ? err : "the LoRA slot changed");
+      return;
+    }
+    r->lora_slot = slot;
   }
   s->plan_idle = false;
   cm_debug(TAG, "request %llu of frontend %d: engine id %llu, %u prompt tokens",

@@ -370,27 +370,45 @@ static void check_runtime(const struct as_server *a, const struct as_server *b) 
   }
   /* the cache: the reloaded rt1 is another adapter */
   TH_CHECK_EQ_INT(cached(a, "rt1", prompt), 0);
-  /* more adapters than the 62 slots after the list's: the one used longest ago makes way
-   * for each load past them, and is loaded again when a request names it */
-  struct answer as_ad1;
+  /* more adapters than the 62 slots after the list's (m0 .. m63, each ad1 under a path of
+   * its own): the slot used longest ago that no request holds makes way for each load
+   * past them: rt1's, then m0's and m1's; a request naming an adapter that went loads it
+   * again, in the slot of the next one used longest ago */
+  struct answer as_ad1, as_ad2;
   ask(a, "ad1", prompts[0], 0, &as_ad1);
+  ask(a, "ad2", prompts[0], 0, &as_ad2);
   for (int i = 0; i < 64; i++) {
-    snprintf(body, sizeof(body), "{\"lora_name\":\"m%d\",\"lora_path\":\"%s/ad1\"}", i, lora_dir);
+    char link[400], target[400];
+    snprintf(link, sizeof(link), "%s/m%d", lora_dir, i);
+    snprintf(target, sizeof(target), "%s/ad1", lora_dir);
+    TH_REQUIRE(symlink(target, link) == 0);
+    snprintf(body, sizeof(body), "{\"lora_name\":\"m%d\",\"lora_path\":\"%s\"}", i, link);
     TH_CHECK_EQ_INT(post_text(a, "/v1/load_lora_adapter", body, text, sizeof(text)), 200);
   }
-  for (int i = 0; i < 3; i++) { /* m0 and m1 went first; rt1 was used before them */
+  static const char *const again[3] = {"m0", "m1", "rt1"};
+  for (int i = 0; i < 3; i++) {
     struct answer x;
-    ask(a, i == 2 ? "rt1" : i ? "m1" : "m0", prompts[0], 0, &x);
-    if (i < 2) TH_CHECK_EQ_STR(x.text, as_ad1.text);
+    ask(a, again[i], prompts[0], 0, &x);
+    TH_CHECK_EQ_STR(x.text, i == 2 ? as_ad2.text : as_ad1.text);
   }
+  static const char *const way[][2] = {{"ad2", "m61"}, {"m0", "m62"}, {"m1", "m63"},
+                                       {"m2", "m0"},   {"m3", "m1"},  {"m4", "ad2"}};
   FILE *f = fopen(a->log, "r");
   TH_REQUIRE(f != NULL);
   char line[1024];
-  int made_way = 0;
-  while (fgets(line, sizeof(line), f))
-    made_way += strstr(line, "makes way for") != NULL;
+  int k = 0;
+  while (fgets(line, sizeof(line), f)) {
+    const char *at = strstr(line, " makes way for ");
+    if (!at) continue;
+    char want_old[400], want_new[400];
+    snprintf(want_old, sizeof(want_old), "%s/%s makes way for ", lora_dir, k < 6 ? way[k][0] : "");
+    snprintf(want_new, sizeof(want_new), "for %s/%s\n", lora_dir, k < 6 ? way[k][1] : "");
+    if (k >= 6 || !strstr(line, want_old) || !strstr(line, want_new))
+      th_fail(__FILE__, __LINE__, "eviction %d: %s", k, line);
+    k++;
+  }
   fclose(f);
-  TH_CHECK(made_way >= 4);
+  TH_CHECK_EQ_INT(k, 6);
   for (int i = 0; i < 64; i++) {
     snprintf(body, sizeof(body), "{\"lora_name\":\"m%d\"}", i);
     TH_CHECK_EQ_INT(post_text(a, "/v1/unload_lora_adapter", body, text, sizeof(text)), 200);
