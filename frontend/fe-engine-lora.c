@@ -82,6 +82,10 @@ int fe_eng_lora(void *ud, int op, uint64_t uid, const char *path, fe_lora_done_f
   o->t0 = cm_time_ns();
   o->done = done;
   o->arg = arg;
+  /* nothing received while the LORAs go out: a sender descheduled after its send may
+   * find the answer waiting when it runs again, before the op is linked */
+  int was_pumping = e->pumping;
+  e->pumping = 1;
   for (int i = 0; i < e->n_rep; i++) {
     struct fe_replica *p = &e->rep[i];
     if (!fe_eng_rep_ready(p)) continue; /* (its requests load it when they name it) */
@@ -93,13 +97,17 @@ int fe_eng_lora(void *ud, int op, uint64_t uid, const char *path, fe_lora_done_f
     o->sent[i] = o->waiting[i] = 1;
     o->n_waiting++;
   }
-  if (!o->n_waiting) {
+  int rc = 0;
+  if (o->n_waiting) {
+    o->next = e->lora_ops;
+    e->lora_ops = o;
+  } else {
     free(o);
-    return CM_ERR_AGAIN;
+    rc = CM_ERR_AGAIN;
   }
-  o->next = e->lora_ops;
-  e->lora_ops = o;
-  return 0;
+  e->pumping = was_pumping;
+  if (!was_pumping) fe_eng_pump(e);
+  return rc;
 }
 
 void fe_eng_on_lora_done(struct fe_replica *p, const struct pr_lora *m) {
