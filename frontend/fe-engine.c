@@ -893,6 +893,16 @@ static void hook_props(void *ud, struct fe_buf *b) {
     else
       fe_buf_puts(b, "null");
   }
+  /* llama.cpp's slots are the requests it runs at once: here each replica's
+   * scheduler's --max-num-seqs, as its last PONG said (null before any) */
+  int64_t slots = 0;
+  for (int i = 0; i < e->n_rep; i++)
+    if (e->rep[i].have_pong) slots += e->rep[i].last_pong.max_num_seqs;
+  fe_buf_puts(b, ",\"total_slots\":");
+  if (slots)
+    fe_buf_i64(b, slots);
+  else
+    fe_buf_puts(b, "null");
   fe_buf_puts(b, ",");
 }
 

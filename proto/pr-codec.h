@@ -125,6 +125,7 @@ enum {
   PR_K_PONG_SPEC_ACCEPTED_POS, /* array of uint */
   PR_K_PONG_KERNELS,
   PR_K_PONG_MATMUL_INPUTS,
+  PR_K_PONG_MAX_NUM_SEQS,
 };
 enum { PR_K_STEP_ID, PR_K_STEP_SEQS, PR_K_STEP_FREE };
 enum {

@@ -257,6 +257,7 @@ static const struct pr_field pong_fields[] = {
     [PR_K_PONG_SPEC_ACCEPTED_POS] = {PR_INLINE_U64S(pong, spec_accepted_per_pos, n_spec_pos)},
     [PR_K_PONG_KERNELS] = {PR_STR(pong, kernels), .when = PR_IF_SET},
     [PR_K_PONG_MATMUL_INPUTS] = {PR_STR(pong, matmul_inputs), .when = PR_IF_SET},
+    [PR_K_PONG_MAX_NUM_SEQS] = {PR_U(pong, max_num_seqs)},
 };
 
 static int check_pong(const void *rec) {

@@ -314,6 +314,7 @@ struct pr_pong {
   uint32_t workers_ready;            /* ranks that reported READY */
   uint32_t world_size;               /* ranks expected */
   uint32_t max_model_len;            /* tokens; 0 until the workers are ready */
+  uint32_t max_num_seqs;             /* requests it runs at once (--max-num-seqs); 0: unknown */
   uint64_t prefix_cache_queries;     /* tokens looked up (cumulative) */
   uint64_t prefix_cache_hits;        /* tokens found (cumulative) */
   uint64_t num_preemptions;          /* cumulative */

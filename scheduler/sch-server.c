@@ -385,6 +385,7 @@ static void on_ping(struct sch_server *s, int32_t front, const struct pr_ping *p
       }
   }
   if (s->serving) o->max_model_len = s->engine_info.max_model_len;
+  o->max_num_seqs = (uint32_t)s->cfg.max_num_seqs;
   o->prompt_tokens = s->prompt_tokens;
   o->generation_tokens = s->generation_tokens;
   const struct sch_rank *r0 = &s->ranks[0]; /* what runs the model, as rank 0 said */

@@ -532,8 +532,9 @@ TH_TEST(api_access_log_off) {
 }
 
 /* GET /props (llama.cpp's): the context, the names, the checkpoint's chat template as
- * tokenizer_config.json holds it, Gemma's <bos> and <eos> (MODELS.md), and the sampling
- * defaults of its generation_config.json where it has them. */
+ * tokenizer_config.json holds it, Gemma's <bos> and <eos> (MODELS.md), the slots (the
+ * scheduler's --max-num-seqs), and the sampling defaults of its generation_config.json
+ * where it has them. */
 TH_TEST(api_props) {
   struct as_resp r;
   as_get(server(), "/props", &r);
@@ -548,6 +549,8 @@ TH_TEST(api_props) {
   TH_CHECK_EQ_STR(or_empty(json_string_value(json_object_get(j, "eos_token"))), "<eos>");
   TH_CHECK(json_is_false(json_object_get(json_object_get(j, "modalities"), "audio")));
   TH_CHECK(json_is_string(json_object_get(j, "build_info")));
+  /* serve's --max-num-seqs default, as the scheduler's PONG says it */
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(j, "total_slots")), 64);
   char path[1024];
   snprintf(path, sizeof(path), "%s/tokenizer_config.json", server()->model);
   json_t *tc = json_load_file(path, 0, NULL);
@@ -576,7 +579,8 @@ TH_TEST(api_props) {
   struct as_server s2 = {0};
   as_start(&s2, 0,
            (char *[]){"--override-generation-config",
-                      "{\"temperature\":0.5,\"top_k\":64,\"max_new_tokens\":100}", NULL});
+                      "{\"temperature\":0.5,\"top_k\":64,\"max_new_tokens\":100}", "--max-num-seqs",
+                      "3", NULL});
   as_get(&s2, "/props", &r);
   TH_CHECK_EQ_INT(r.status, 200);
   j = as_json(&r);
@@ -587,6 +591,7 @@ TH_TEST(api_props) {
   TH_CHECK_EQ_INT(json_integer_value(json_object_get(pa, "top_k")), 64);
   TH_CHECK_EQ_INT(json_integer_value(json_object_get(pa, "n_predict")), 100);
   TH_CHECK(json_number_value(json_object_get(pa, "top_p")) == 1);
+  TH_CHECK_EQ_INT(json_integer_value(json_object_get(j, "total_slots")), 3);
   json_decref(j);
 }
 

@@ -226,6 +226,7 @@ static void build(enum pr_type t, int v, struct pr_msg *m) {
     p->kv_usage = v == 2 ? 1.0 : 0.4375;
     p->workers_ready = p->world_size = v == 2 ? UINT32_MAX : 2;
     p->max_model_len = v == 2 ? UINT32_MAX : 32768;
+    p->max_num_seqs = v == 2 ? UINT32_MAX : 64;
     p->prefix_cache_queries = big - 3;
     p->prefix_cache_hits = big - 4;
     p->num_preemptions = big - 5;
