@@ -36,7 +36,12 @@ enum kn_dtype {
   KN_DTYPE_Q5_K_X16 = 17,
   KN_DTYPE_Q4_1_X16 = 18,
   KN_DTYPE_Q5_1_X16 = 19,
-  KN_DTYPE__COUNT = 20,
+  /* more of ggml's block formats, read from llama.cpp's files (Q3_K_S/M/L, IQ4_NL,
+   * IQ4_XS): f32 inputs in every mode, on the CPU (KN_CAP_BLOCK_LOWBIT) */
+  KN_DTYPE_Q3_K = 20,
+  KN_DTYPE_IQ4_NL = 21,
+  KN_DTYPE_IQ4_XS = 22,
+  KN_DTYPE__COUNT = 23,
 };
 
 /* Bytes per element; 0 for an unknown value and for the block formats
@@ -73,6 +78,9 @@ static inline const char *kn_dtype_name(enum kn_dtype dt) {
   case KN_DTYPE_Q5_K_X16: return "q5_kx16";
   case KN_DTYPE_Q4_1_X16: return "q4_1x16";
   case KN_DTYPE_Q5_1_X16: return "q5_1x16";
+  case KN_DTYPE_Q3_K: return "q3_k";
+  case KN_DTYPE_IQ4_NL: return "iq4_nl";
+  case KN_DTYPE_IQ4_XS: return "iq4_xs";
   default: return "?";
   }
 }
@@ -89,13 +97,16 @@ static inline int kn_block_elems(enum kn_dtype dt) {
   case KN_DTYPE_Q4_0_X16:
   case KN_DTYPE_Q5_0_X16:
   case KN_DTYPE_Q4_1_X16:
-  case KN_DTYPE_Q5_1_X16: return 32;
+  case KN_DTYPE_Q5_1_X16:
+  case KN_DTYPE_IQ4_NL: return 32;
   case KN_DTYPE_Q4_K:
   case KN_DTYPE_Q5_K:
   case KN_DTYPE_Q6_K:
   case KN_DTYPE_Q4_K_X16:
   case KN_DTYPE_Q5_K_X16:
-  case KN_DTYPE_Q6_K_X16: return 256;
+  case KN_DTYPE_Q6_K_X16:
+  case KN_DTYPE_Q3_K:
+  case KN_DTYPE_IQ4_XS: return 256;
   default: return 0;
   }
 }
@@ -118,6 +129,9 @@ static inline size_t kn_block_bytes(enum kn_dtype dt) {
   case KN_DTYPE_Q5_K_X16: return 176;
   case KN_DTYPE_Q6_K:
   case KN_DTYPE_Q6_K_X16: return 210;
+  case KN_DTYPE_Q3_K: return 110;
+  case KN_DTYPE_IQ4_NL: return 18;
+  case KN_DTYPE_IQ4_XS: return 136;
   default: return 0;
   }
 }
@@ -152,6 +166,11 @@ static inline enum kn_dtype kn_dtype_x16_of(enum kn_dtype dt) {
   case KN_DTYPE_Q6_K: return KN_DTYPE_Q6_K_X16;
   default: return KN_DTYPE__COUNT;
   }
+}
+
+/* Whether dt is one of the block formats of KN_CAP_BLOCK_LOWBIT (Q3_K, IQ4_NL, IQ4_XS). */
+static inline int kn_dtype_lowbit(enum kn_dtype dt) {
+  return dt >= KN_DTYPE_Q3_K && dt <= KN_DTYPE_IQ4_XS;
 }
 
 /* Whether dt is a rows-interleaved layout (KN_DTYPE_Q8_0_X16 .. _Q5_1_X16). */

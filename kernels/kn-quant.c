@@ -71,6 +71,32 @@ static void block_q6_k(const uint8_t *b, float *y) {
   }
 }
 
+const int8_t kn_iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                  1,    13,   25,  38,  53,  69,  89,  113};
+
+/* Q3_K's super-block at b (kn-quant.h's layout). */
+static void block_q3_k(const uint8_t *b, float *y) {
+  int8_t sc[16];
+  kn_q3k_scales(b + 96, sc);
+  const float d = kn_le_f16(b + 108);
+  for (int c = 0; c < 8; c++) {
+    const uint8_t *q = b + 32 + 32 * (c / 4);
+    for (int k = 0; k < 2; k++) {
+      const float dl = d * (float)sc[2 * c + k];
+      for (int l = 16 * k; l < 16 * k + 16; l++)
+        y[32 * c + l] = dl * (float)(((q[l] >> 2 * (c % 4)) & 3) - (b[l] >> c & 1 ? 0 : 4));
+    }
+  }
+}
+
+/* 32 IQ4 levels of the 16 bytes q (Q4_0's nibble order) times dl. */
+static void iq4_levels(const uint8_t *q, float dl, float *y) {
+  for (int j = 0; j < 16; j++) {
+    y[j] = dl * (float)kn_iq4_levels[q[j] & 0xF];
+    y[j + 16] = dl * (float)kn_iq4_levels[q[j] >> 4];
+  }
+}
+
 void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K) {
   const uint8_t *b = src;
   size_t be = (size_t)kn_block_elems(dt), bb = kn_block_bytes(dt);
@@ -125,6 +151,12 @@ void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K) {
     case KN_DTYPE_Q4_K: block_q4_k(b, dst, 0); break;
     case KN_DTYPE_Q5_K: block_q4_k(b, dst, 1); break;
     case KN_DTYPE_Q6_K: block_q6_k(b, dst); break;
+    case KN_DTYPE_Q3_K: block_q3_k(b, dst); break;
+    case KN_DTYPE_IQ4_NL: iq4_levels(b + 2, kn_le_f16(b), dst); break;
+    case KN_DTYPE_IQ4_XS:
+      for (int j = 0; j < 8; j++)
+        iq4_levels(b + 8 + 16 * j, kn_le_f16(b) * (float)kn_iq4xs_scale(b, j), dst + 32 * j);
+      break;
     default: break;
     }
   }

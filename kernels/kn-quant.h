@@ -1,5 +1,5 @@
 /* kn-quant.h — ggml's block formats (GGUF files' Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K, Q5_K, Q6_K): the reference dequantization of a row, which
+ * Q5_1, Q4_K, Q5_K, Q6_K, and Q3_K, IQ4_NL, IQ4_XS): the reference dequantization of a row, which
  * defines what every kernel computes (the dequantized value, in f32, then the
  * f32 arithmetic of an f32 weight), and the quantization of a row for the
  * formats --quantization and lmserve quantize make.
@@ -16,7 +16,17 @@
  *         q[128] (64 elements per 32 bytes: low nibbles, then high)
  *                                                           x = d*sc * q - dmin*mn
  *   Q5_K  256, 176: d, dmin, scales[12], qh[32], q[128]     as Q4_K with a 5th bit
- *   Q6_K  256, 210: ql[128], qh[64], int8 scales[16], d     x = d * sc * (q - 32) */
+ *   Q6_K  256, 210: ql[128], qh[64], int8 scales[16], d     x = d * sc * (q - 32)
+ *   Q3_K  256, 110: hmask[32], q[64] (2 bits each), 12 bytes of sixteen 6-bit
+ *         scales (kn_q3k_scales), d. Chunk c of 32 elements (c < 8): q's bytes
+ *         32 (c / 4) .. + 31 shifted right by 2 (c % 4), less 4 where bit c of
+ *         hmask's byte of the same element is clear; its first 16 elements take
+ *         scale 2 c, the others 2 c + 1             x = (d * (sc - 32)) * q
+ *   IQ4_NL 32, 18: d, q[16] as Q4_0's             x = d * kn_iq4_levels[q]
+ *   IQ4_XS 256, 136: d, sh (u16), sl[4], q[128]: sub-block j of 32 (its 16
+ *         bytes of q as Q4_0's) has the 6-bit scale sl's nibble j (low for j
+ *         even) under sh's bits 2 j, 2 j + 1    x = (d * (sc - 32)) * levels[q]
+ * The last three are read, not written (kn_quantize_row refuses them). */
 #ifndef LMSERVE_KN_QUANT_H
 #define LMSERVE_KN_QUANT_H
 #include <stddef.h>
@@ -46,6 +56,28 @@ static inline void kn_k_scales_mins(const uint8_t *q, uint64_t *sc, uint64_t *mn
   *sc = (u0 & lo6) | (uint64_t)((u2 & nib) | ((u0 >> 6) & top2) << 4) << 32;
   *mn = (u1 & lo6) | (uint64_t)(((u2 >> 4) & nib) | ((u1 >> 6) & top2) << 4) << 32;
 }
+
+/* Q3_K's sixteen 6-bit scales from its 12 bytes q, less 32, one a byte of
+ * sc: scale j < 4 is q[j]'s low nibble under bits 0-1 of q[8 + j], 4 + j
+ * q[4 + j]'s low nibble under bits 2-3, 8 + j q[j]'s high nibble under bits
+ * 4-5, 12 + j q[4 + j]'s high nibble under bits 6-7. */
+static inline void kn_q3k_scales(const uint8_t *q, int8_t sc[16]) {
+  for (int j = 0; j < 4; j++) {
+    const int h = q[8 + j];
+    sc[j] = (int8_t)(((q[j] & 0xF) | (h & 3) << 4) - 32);
+    sc[4 + j] = (int8_t)(((q[4 + j] & 0xF) | (h >> 2 & 3) << 4) - 32);
+    sc[8 + j] = (int8_t)(((q[j] >> 4) | (h >> 4 & 3) << 4) - 32);
+    sc[12 + j] = (int8_t)(((q[4 + j] >> 4) | (h >> 6 & 3) << 4) - 32);
+  }
+}
+
+/* IQ4_XS's scale of sub-block j (0..7) of the super-block at b, less 32. */
+static inline int kn_iq4xs_scale(const uint8_t *b, int j) {
+  return (((b[4 + j / 2] >> 4 * (j % 2)) & 0xF) | ((kn_le16(b + 2) >> 2 * j) & 3) << 4) - 32;
+}
+
+/* IQ4_NL's and IQ4_XS's 16 levels, a nibble's value (ggml's kvalues_iq4nl). */
+extern const int8_t kn_iq4_levels[16];
 
 /* dst[0, K) = the values of the K-element row at src (K whole blocks of dt). */
 void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K);

@@ -188,14 +188,15 @@ static int by_name_cmp(const void *a, const void *b, void *g) {
 static const struct {
   uint16_t elems, bytes;
   const char *name;
-} ggml_types[] = {[MD_GGML_F32] = {1, 4, "f32"},       [MD_GGML_F16] = {1, 2, "f16"},
-                  [MD_GGML_BF16] = {1, 2, "bf16"},     [MD_GGML_Q4_0] = {32, 18, "q4_0"},
-                  [MD_GGML_Q4_1] = {32, 20, "q4_1"},   [MD_GGML_Q5_0] = {32, 22, "q5_0"},
-                  [MD_GGML_Q5_1] = {32, 24, "q5_1"},   [MD_GGML_Q8_0] = {32, 34, "q8_0"},
-                  [MD_GGML_Q8_1] = {32, 36, "q8_1"},   [MD_GGML_Q2_K] = {256, 84, "q2_k"},
-                  [MD_GGML_Q3_K] = {256, 110, "q3_k"}, [MD_GGML_Q4_K] = {256, 144, "q4_k"},
-                  [MD_GGML_Q5_K] = {256, 176, "q5_k"}, [MD_GGML_Q6_K] = {256, 210, "q6_k"},
-                  [MD_GGML_Q8_K] = {256, 292, "q8_k"}};
+} ggml_types[] = {[MD_GGML_F32] = {1, 4, "f32"},          [MD_GGML_F16] = {1, 2, "f16"},
+                  [MD_GGML_BF16] = {1, 2, "bf16"},        [MD_GGML_Q4_0] = {32, 18, "q4_0"},
+                  [MD_GGML_Q4_1] = {32, 20, "q4_1"},      [MD_GGML_Q5_0] = {32, 22, "q5_0"},
+                  [MD_GGML_Q5_1] = {32, 24, "q5_1"},      [MD_GGML_Q8_0] = {32, 34, "q8_0"},
+                  [MD_GGML_Q8_1] = {32, 36, "q8_1"},      [MD_GGML_Q2_K] = {256, 84, "q2_k"},
+                  [MD_GGML_Q3_K] = {256, 110, "q3_k"},    [MD_GGML_Q4_K] = {256, 144, "q4_k"},
+                  [MD_GGML_Q5_K] = {256, 176, "q5_k"},    [MD_GGML_Q6_K] = {256, 210, "q6_k"},
+                  [MD_GGML_Q8_K] = {256, 292, "q8_k"},    [MD_GGML_IQ4_NL] = {32, 18, "iq4_nl"},
+                  [MD_GGML_IQ4_XS] = {256, 136, "iq4_xs"}};
 
 int md_ggml_block_elems(uint32_t type) {
   return type < CM_ARRAY_LEN(ggml_types) ? ggml_types[type].elems : 0;

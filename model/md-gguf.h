@@ -49,6 +49,8 @@ enum md_ggml_type {
   MD_GGML_Q5_K = 13,
   MD_GGML_Q6_K = 14,
   MD_GGML_Q8_K = 15,
+  MD_GGML_IQ4_NL = 20,
+  MD_GGML_IQ4_XS = 23,
   MD_GGML_BF16 = 30,
 };
 

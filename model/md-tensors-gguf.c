@@ -280,6 +280,9 @@ static enum md_st_dtype st_dtype(uint32_t t) {
   case MD_GGML_Q4_K: return MD_ST_Q4_K;
   case MD_GGML_Q5_K: return MD_ST_Q5_K;
   case MD_GGML_Q6_K: return MD_ST_Q6_K;
+  case MD_GGML_Q3_K: return MD_ST_Q3_K;
+  case MD_GGML_IQ4_NL: return MD_ST_IQ4_NL;
+  case MD_GGML_IQ4_XS: return MD_ST_IQ4_XS;
   default: return MD_ST_OTHER;
   }
 }

@@ -14,6 +14,7 @@ void *wk_owned_alloc(struct wk_owned *o, struct kn_backend *be, size_t bytes) {
 }
 
 enum kn_dtype wk_weight_dtype(const struct md_tensor *t) {
+  if (t->dtype >= MD_ST_Q3_K) return (enum kn_dtype)(KN_DTYPE_Q3_K + (t->dtype - MD_ST_Q3_K));
   if (t->dtype >= MD_ST_Q8_0) return (enum kn_dtype)(KN_DTYPE_Q8_0 + (t->dtype - MD_ST_Q8_0));
   return t->dtype == MD_ST_F8E4M3 ? KN_DTYPE_F8E4M3 : (enum kn_dtype)t->dtype;
 }

@@ -103,9 +103,12 @@ static const struct md_tensor *tensor_of(struct wk_tower_binder *b, const char *
                     "%s: tensor %s has shape [%s], the config says [%s]", b->what, name, got, want);
     return NULL;
   }
-  if (blocks && t->dtype >= MD_ST_Q8_0 && t->dtype <= MD_ST_Q6_K) {
-    int be = kn_block_elems(wk_weight_dtype(t));
-    if ((blocks == 1 && !kn_backend_has(b->be, KN_CAP_BLOCK_WEIGHTS)) || dims[ndim - 1] % be) {
+  if (blocks && t->dtype >= MD_ST_Q8_0 && t->dtype <= MD_ST_IQ4_XS) {
+    const enum kn_dtype dt = wk_weight_dtype(t);
+    int be = kn_block_elems(dt);
+    const unsigned need =
+        KN_CAP_BLOCK_WEIGHTS | (kn_dtype_lowbit(dt) ? (unsigned)KN_CAP_BLOCK_LOWBIT : 0u);
+    if ((blocks == 1 && !kn_backend_has(b->be, need)) || dims[ndim - 1] % be) {
       b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s, and %s",
                       b->what, name, t->dtype_name,
                       dims[ndim - 1] % be ? "its rows are not whole blocks"

@@ -304,7 +304,10 @@ void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp);
   X(q5_1, KN_DTYPE_Q5_1)                                                                           \
   X(q4_k, KN_DTYPE_Q4_K)                                                                           \
   X(q5_k, KN_DTYPE_Q5_K)                                                                           \
-  X(q6_k, KN_DTYPE_Q6_K)
+  X(q6_k, KN_DTYPE_Q6_K)                                                                           \
+  X(q3_k, KN_DTYPE_Q3_K)                                                                           \
+  X(iq4_nl, KN_DTYPE_IQ4_NL)                                                                       \
+  X(iq4_xs, KN_DTYPE_IQ4_XS)
 /* Those matvecs by dtype (NULL where none). */
 extern const kn_cpu_dot_fn kn_cpu_qmv_avx2[KN_DTYPE__COUNT];
 /* The same bits two rows to a 512-bit register (kn-cpu-quant-avx512.c; needs

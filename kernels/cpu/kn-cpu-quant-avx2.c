@@ -180,6 +180,64 @@ KN_AVX2 static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t
   }
 }
 
+/* Q3_K: chunk c % 8 is the 2-bit field 2 (c % 4) of the 32 bytes of half
+ * (c % 8) / 4, less 4 where bit c % 8 of hmask's byte is clear; vectors 0 and
+ * 1 take one 16-element scale, 2 and 3 the next, st[16] the super-block's d *
+ * (sc - 32) from its first chunk on. */
+KN_AVX2 static inline __attribute__((always_inline)) void deq_q3_k(const uint8_t *row, int c,
+                                                                   __m256 *v, float *st) {
+  const uint8_t *b = row + (size_t)(c >> 3) * 110;
+  const int s = c & 7;
+  if (s == 0) {
+    int8_t sc[16];
+    kn_q3k_scales(b + 96, sc);
+    const float d = h16(b + 108);
+    for (int j = 0; j < 16; j++)
+      st[j] = d * (float)sc[j];
+  }
+  const uint8_t *q = b + 32 + 32 * (s >> 2);
+  const __m128i sh = _mm_cvtsi32_si128(2 * (s & 3));
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++) {
+    __m256i x = _mm256_and_si256(_mm256_srl_epi32(u8x8(q + 8 * i), sh), _mm256_set1_epi32(3));
+    __m256i clear = _mm256_cmpeq_epi32(_mm256_and_si256(u8x8(b + 8 * i), _mm256_set1_epi32(1 << s)),
+                                       _mm256_setzero_si256());
+    x = _mm256_sub_epi32(x, _mm256_and_si256(clear, _mm256_set1_epi32(4)));
+    v[i] = _mm256_mul_ps(_mm256_set1_ps(st[2 * s + i / 2]), _mm256_cvtepi32_ps(x));
+  }
+}
+
+/* The IQ4 levels of the 16 bytes q (elements 0..15 the low nibbles, 16..31
+ * the high ones) as 32 signed bytes. */
+KN_AVX2 static inline __m256i iq4_bytes(const uint8_t *q) {
+  const __m128i lut = _mm_loadu_si128((const __m128i *)kn_iq4_levels), lo4 = _mm_set1_epi8(0xF);
+  const __m128i x = _mm_loadu_si128((const __m128i *)q);
+  return _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(x, 4), lo4)),
+                          _mm_shuffle_epi8(lut, _mm_and_si128(x, lo4)));
+}
+
+KN_AVX2 static inline __attribute__((always_inline)) void deq_iq4_nl(const uint8_t *row, int c,
+                                                                     __m256 *v, float *st) {
+  const uint8_t *b = row + (size_t)c * 18;
+  __m256 d = _mm256_set1_ps(h16(b));
+  __m256i q = iq4_bytes(b + 2);
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++)
+    v[i] = scaled(i8x8_of(q, i), d);
+}
+
+/* IQ4_XS: chunk c % 8 is sub-block c % 8, its scale d * (sc - 32). */
+KN_AVX2 static inline __attribute__((always_inline)) void deq_iq4_xs(const uint8_t *row, int c,
+                                                                     __m256 *v, float *st) {
+  const uint8_t *b = row + (size_t)(c >> 3) * 136;
+  const int s = c & 7;
+  __m256 d = _mm256_set1_ps(h16(b) * (float)kn_iq4xs_scale(b, s));
+  __m256i q = iq4_bytes(b + 8 + 16 * s);
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++)
+    v[i] = scaled(i8x8_of(q, i), d);
+}
+
 KN_AVX2 static inline void put1(float *o, float s, int acc) {
   *o = acc ? *o + s : s;
 }

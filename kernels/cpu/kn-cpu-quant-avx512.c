@@ -250,6 +250,73 @@ deq_q6_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   }
 }
 
+/* Q3_K: chunk c % 8 is the 2-bit field 2 (c % 4) of the 32 bytes of half
+ * (c % 8) / 4, less 4 where bit c % 8 of hmask's byte is clear; vectors 0 and
+ * 1 take one 16-element scale, 2 and 3 the next. At a super-block's first
+ * chunk, st gets its 16 scales d * (sc - 32) (row a's, then row b's). */
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q3_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  const uint8_t *a = ra + (size_t)(c >> 3) * 110, *b = rb + (size_t)(c >> 3) * 110;
+  const int s = c & 7;
+  if (s == 0) {
+    int8_t sc[2][16];
+    kn_q3k_scales(a + 96, sc[0]);
+    kn_q3k_scales(b + 96, sc[1]);
+    const float d[2] = {kn_le_f16(a + 108), kn_le_f16(b + 108)};
+    for (int r = 0; r < 2; r++)
+      for (int j = 0; j < 16; j++)
+        st[16 * r + j] = d[r] * (float)sc[r][j];
+  }
+  const size_t q = 32 + 32 * (size_t)(s >> 2);
+  __m512i x[4], h[4];
+  bytes2(a + q, b + q, 0, &x[0], &x[1]);
+  bytes2(a + q + 16, b + q + 16, 0, &x[2], &x[3]);
+  bytes2(a, b, 0, &h[0], &h[1]);
+  bytes2(a + 16, b + 16, 0, &h[2], &h[3]);
+  const __m128i sh = _mm_cvtsi32_si128(2 * (s & 3));
+  const int k = 2 * s;
+  const __m512 ds[2] = {two(st[k], st[16 + k]), two(st[k + 1], st[17 + k])};
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++) {
+    __m512i l = _mm512_and_si512(_mm512_srl_epi32(x[i], sh), _mm512_set1_epi32(3));
+    __mmask16 clear = _mm512_testn_epi32_mask(h[i], _mm512_set1_epi32(1 << s));
+    l = _mm512_mask_sub_epi32(l, clear, l, _mm512_set1_epi32(4));
+    v[i] = _mm512_mul_ps(ds[i / 2], _mm512_cvtepi32_ps(l));
+  }
+}
+
+/* The IQ4 level of each lane's four low bits, as f32 (one permutation). */
+KN_AVX512 static inline __m512 iq4_f32(__m512i n) {
+  const __m512 t =
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)kn_iq4_levels)));
+  return _mm512_permutexvar_ps(n, t);
+}
+
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_iq4_nl(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  const uint8_t *a = ra + (size_t)c * 18, *b = rb + (size_t)c * 18;
+  __m512 d = two_h16(a, b);
+  __m512i n[4];
+  nibble_idx2(a + 2, b + 2, n);
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++)
+    v[i] = _mm512_mul_ps(iq4_f32(n[i]), d);
+}
+
+/* IQ4_XS: chunk c % 8 is sub-block c % 8, its scale d * (sc - 32). */
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_iq4_xs(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  const uint8_t *a = ra + (size_t)(c >> 3) * 136, *b = rb + (size_t)(c >> 3) * 136;
+  const int s = c & 7;
+  __m512 d =
+      two(kn_le_f16(a) * (float)kn_iq4xs_scale(a, s), kn_le_f16(b) * (float)kn_iq4xs_scale(b, s));
+  __m512i n[4];
+  nibble_idx2(a + 8 + 16 * s, b + 8 + 16 * s, n);
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++)
+    v[i] = _mm512_mul_ps(iq4_f32(n[i]), d);
+}
+
 KN_AVX512 static inline void put1(float *o, float s, int acc) {
   *o = acc ? *o + s : s;
 }

@@ -16,7 +16,9 @@
 
 /* What the CPU backend can do (kn-backend.h): its memory is the host's and
  * kn_sample runs in place; the registry's automatic choice takes it last. */
-#define KN_CPU_CAPS     (KN_CAP_HOST_MEMORY | KN_CAP_SAMPLE | KN_CAP_ALLREDUCE | KN_CAP_BLOCK_WEIGHTS)
+#define KN_CPU_CAPS                                                                                \
+  (KN_CAP_HOST_MEMORY | KN_CAP_SAMPLE | KN_CAP_ALLREDUCE | KN_CAP_BLOCK_WEIGHTS |                  \
+   KN_CAP_BLOCK_LOWBIT)
 #define KN_CPU_PRIORITY 10
 
 enum kn_cpu_isa {

@@ -10,8 +10,11 @@
 enum {
   TH_LLAMA_FTYPE_Q4_0 = 2,
   TH_LLAMA_FTYPE_Q8_0 = 7,
+  TH_LLAMA_FTYPE_Q3_K_M = 12,
   TH_LLAMA_FTYPE_Q4_K_M = 15,
   TH_LLAMA_FTYPE_Q6_K = 18,
+  TH_LLAMA_FTYPE_IQ4_NL = 25,
+  TH_LLAMA_FTYPE_IQ4_XS = 30,
 };
 
 /* NULL when libllama can be loaded from tools/llamacpp (TH_SOURCE_DIR), else a

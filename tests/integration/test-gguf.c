@@ -518,6 +518,81 @@ TH_TEST(llamacpp_quantizer_writes_what_lmserve_quantize_does) {
   th_out_free(&o);
 }
 
+/* llama.cpp's 3-bit and non-linear 4-bit files (its quantizer's Q3_K_M, IQ4_XS
+ * and IQ4_NL, which lmserve quantize does not write) load and run as in
+ * llama.cpp: the Q3_K, IQ4_XS and IQ4_NL tensors are in the files (IQ4_XS on
+ * rows of 64, Gemma 3's tiny preset, falls back to IQ4_NL, as llama.cpp does
+ * where rows are not whole 256-blocks), and lmserve's greedy tokens, in the
+ * default mode and in the q8 mode, are llama.cpp's up to a near-tie of its
+ * top two (it rounds these formats' inputs to 8 bits, Q8_K). */
+TH_TEST(llamacpp_lowbit_files_run_as_in_llamacpp) {
+  th_proc_init(900);
+  char dir[1024], err[512];
+  need_llamacpp(dir);
+  const char *no = th_llamacpp_lib();
+  if (no) TH_SKIP(no);
+  static const struct {
+    const char *preset, *name;
+    int ftype;
+    unsigned type; /* a ggml type the file must hold */
+  } cases[] = {{"k256", "q3_k_m", TH_LLAMA_FTYPE_Q3_K_M, MD_GGML_Q3_K},
+               {"k256", "iq4_xs", TH_LLAMA_FTYPE_IQ4_XS, MD_GGML_IQ4_XS},
+               {"k256", "iq4_nl", TH_LLAMA_FTYPE_IQ4_NL, MD_GGML_IQ4_NL},
+               {"tiny", "iq4_xs", TH_LLAMA_FTYPE_IQ4_XS, MD_GGML_IQ4_NL}};
+  static const char *prompts[] = {"[2,651,1234,99,5000]",
+                                  "[2,7000,7001,7002,8000,123,4567,10,11,12]"};
+  char all[512];
+  snprintf(all, sizeof(all), "[%s,%s]", prompts[0], prompts[1]);
+  struct th_out o = {0};
+  for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+    char model[300], f32[300], q[300], name[64];
+    snprintf(name, sizeof(name), "lb-%s", cases[ci].preset);
+    tmp_path(model, name);
+    snprintf(name, sizeof(name), "lb-%s-f32.gguf", cases[ci].preset);
+    tmp_path(f32, name);
+    if (ci == 0 || strcmp(cases[ci].preset, cases[ci - 1].preset)) {
+      TH_REQUIRE(lm(&o, "make-tiny-model", "--arch", "gemma3", "--preset", cases[ci].preset,
+                    "--seed", "3", "--out", model) == 0);
+      TH_REQUIRE(lm(&o, "export-gguf", "--model", model, "--out", f32, "--dtype", "f32") == 0);
+    }
+    snprintf(name, sizeof(name), "lb-%s-%s.gguf", cases[ci].preset, cases[ci].name);
+    tmp_path(q, name);
+    if (th_llamacpp_quantize(f32, q, cases[ci].ftype, err, sizeof(err))) {
+      th_fail(__FILE__, __LINE__, "%s", err);
+      continue;
+    }
+    struct md_gguf *g = NULL;
+    TH_REQUIRE(md_gguf_open(q, &g, err, sizeof(err)) == 0);
+    int n_type = 0;
+    for (int i = 0; i < md_gguf_tensor_count(g); i++)
+      n_type += md_gguf_tensor_at(g, i)->type == cases[ci].type;
+    md_gguf_close(g);
+    printf("# %s %s: %d tensors of ggml type %u\n", cases[ci].preset, cases[ci].name, n_type,
+           cases[ci].type);
+    TH_CHECK(n_type >= 4);
+    int theirs[2][N_GEN];
+    double gaps[2][N_GEN];
+    llamacpp_generate_gaps(dir, q, all, 2, theirs, gaps);
+    for (int mode = 0; mode < 2; mode++)
+      for (int p = 0; p < 2; p++) {
+        TH_REQUIRE(lm(&o, "generate", "--model", q, "--prompt-ids", prompts[p], "--max-tokens",
+                      "12", "--kv-dtype", "f32", "--ignore-eos", "--threads", "2", "--dtype",
+                      mode ? "q8" : "auto") == 0);
+        int got[N_GEN], agree = 0;
+        TH_CHECK_EQ_INT(parse_ids(o.out, got, N_GEN), N_GEN);
+        while (agree < N_GEN && got[agree] == theirs[p][agree])
+          agree++;
+        printf("# llama.cpp's %s %s file, prompt %d, %s mode: %d of %d tokens as llama.cpp's\n",
+               cases[ci].preset, cases[ci].name, p, mode ? "q8" : "default", agree, N_GEN);
+        if (agree < N_GEN && !(gaps[p][agree] < NEAR_TIE))
+          th_fail(__FILE__, __LINE__,
+                  "%s %s prompt %d: token %d is %d, llama.cpp's %d (%.4f apart)", cases[ci].preset,
+                  cases[ci].name, p, agree, got[agree], theirs[p][agree], gaps[p][agree]);
+      }
+  }
+  th_out_free(&o);
+}
+
 /* --quantization q8_0|q4_0|q4_k runs as the GGUF file lmserve quantize writes
  * from the same checkpoint: the same greedy tokens on one rank and on two
  * (processes, all-reduced; the MLP's 768 columns cut as 384 and 384, or, in

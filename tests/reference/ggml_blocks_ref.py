@@ -5,8 +5,10 @@
     ggml_blocks_ref.py quant TYPE IN OUT   float32 values -> blocks of TYPE
     ggml_blocks_ref.py ggml  TYPE IN OUT LIB   the same by ggml's own quantize_row_*_ref
                                            in LIB (a libggml-base.so): the outside check
+    ggml_blocks_ref.py ggmldeq TYPE IN OUT LIB deq by ggml's own dequantize_row_* in LIB
 
-TYPE: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k. The arithmetic is float32 in
+TYPE: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k, and for deq also q3_k, iq4_nl and
+iq4_xs (read from llama.cpp's files, not written here). The arithmetic is float32 in
 ggml's reference order (a scale times an integer, then the offset), so the
 values are bit-exact; quantization rounds as ggml's reference quantizers do
 (roundf: half away from zero; float -> int casts truncate; the K-quants'
@@ -20,7 +22,11 @@ import numpy as np
 
 F32 = np.float32
 BLOCK = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22),
-         "q5_1": (32, 24), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210)}
+         "q5_1": (32, 24), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210),
+         "q3_k": (256, 110), "iq4_nl": (32, 18), "iq4_xs": (256, 136)}
+# IQ4_NL's and IQ4_XS's 16 levels, a nibble's value (ggml-common.h's kvalues_iq4nl)
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      dtype=np.int64)
 
 
 def f16(b, off):
@@ -108,6 +114,44 @@ def deq(t, raw):
                 y[:, o + l + 32] = d * S[:, i + 2] * q2.astype(F32)
                 y[:, o + l + 64] = d * S[:, i + 4] * q3.astype(F32)
                 y[:, o + l + 96] = d * S[:, i + 6] * q4.astype(F32)
+    elif t == "q3_k":
+        # hmask[32], qs[64] (2 bits each), 12 bytes of sixteen 6-bit scales, d: sub-block
+        # j of 16 is d * (scale_j - 32) * (its 2 bits - 4 where its hmask bit is clear)
+        hm, q = b[:, :32].astype(np.int64), b[:, 32:96].astype(np.int64)
+        sb = b[:, 96:108].astype(np.int64)
+        d = f16(b, 108)
+        sc = np.zeros((n, 16), dtype=np.int64)
+        for j in range(4):
+            hi = sb[:, 8 + j]
+            sc[:, j] = (sb[:, j] & 0xF) | ((hi & 3) << 4)
+            sc[:, 4 + j] = (sb[:, 4 + j] & 0xF) | (((hi >> 2) & 3) << 4)
+            sc[:, 8 + j] = (sb[:, j] >> 4) | (((hi >> 4) & 3) << 4)
+            sc[:, 12 + j] = (sb[:, 4 + j] >> 4) | (((hi >> 6) & 3) << 4)
+        for c in range(8):  # 32 elements: half c // 4, shift 2 (c % 4), hmask bit c
+            h, s = c // 4, 2 * (c % 4)
+            lv = ((q[:, 32 * h:32 * h + 32] >> s) & 3) - np.where(hm & (1 << c), 0, 4)
+            for k in range(2):
+                dl = d * (sc[:, 2 * c + k] - 32).astype(F32)
+                y[:, 32 * c + 16 * k:32 * c + 16 * k + 16] = \
+                    dl[:, None] * lv[:, 16 * k:16 * k + 16].astype(F32)
+    elif t == "iq4_nl":
+        d = f16(b, 0)
+        q = b[:, 2:].astype(np.int64)
+        x = IQ4_LEVELS[np.concatenate([q & 0xF, q >> 4], axis=1)]
+        y[:] = d[:, None] * x.astype(F32)
+    elif t == "iq4_xs":
+        # d, scales_h (u16: 2 high bits of each of 8 scales), scales_l[4] (their low
+        # nibbles), qs[128]: sub-block j of 32 is d * (scale_j - 32) * the levels
+        d = f16(b, 0)
+        sh = b[:, 2:4].copy().view("<u2").astype(np.int64).reshape(-1)
+        sl = b[:, 4:8].astype(np.int64)
+        q = b[:, 8:].astype(np.int64)
+        for j in range(8):
+            ls = ((sl[:, j // 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4)
+            dl = d * (ls - 32).astype(F32)
+            qj = q[:, 16 * j:16 * j + 16]
+            x = IQ4_LEVELS[np.concatenate([qj & 0xF, qj >> 4], axis=1)]
+            y[:, 32 * j:32 * j + 32] = dl[:, None] * x.astype(F32)
     return y.reshape(-1)
 
 
@@ -406,10 +450,26 @@ def ggml_quant(t, x, lib):
     return out
 
 
+def ggml_deq(t, raw, lib):
+    """Values of the blocks raw of TYPE t by ggml's dequantize_row_<t> in lib."""
+    import ctypes
+    be, bb = BLOCK[t]
+    name = "dequantize_row_%s" % (t[:3] + "K" if t.endswith("_k") else t)
+    f = getattr(ctypes.CDLL(lib), name)
+    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    f.restype = None
+    b = np.frombuffer(raw, dtype=np.uint8).copy()
+    out = np.zeros(len(b) // bb * be, dtype=F32)
+    f(b.ctypes.data, out.ctypes.data, len(out))
+    return out
+
+
 def main():
     mode, t, src, dst = sys.argv[1:5]
     raw = open(src, "rb").read()
-    if mode == "ggml":
+    if mode == "ggmldeq":
+        open(dst, "wb").write(ggml_deq(t, raw, sys.argv[5]).tobytes())
+    elif mode == "ggml":
         open(dst, "wb").write(ggml_quant(t, np.frombuffer(raw, dtype=F32), sys.argv[5]).tobytes())
     elif mode == "deq":
         open(dst, "wb").write(deq(t, raw).astype(F32).tobytes())

@@ -22,11 +22,17 @@
 #include "tests/harness/th-proc.h"
 #include "tests/unit/kernels/kn-test-util.h"
 
-static const enum kn_dtype all[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
-                                    KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
+/* the formats kn_quantize_row writes (and the q8 mode's integer kernels take) */
+static const enum kn_dtype made[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
+                                     KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
+/* every format the kernels read: those, and the ones read from llama.cpp's files only */
+static const enum kn_dtype all[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0,   KN_DTYPE_Q4_1,  KN_DTYPE_Q5_0,
+                                    KN_DTYPE_Q5_1, KN_DTYPE_Q4_K,   KN_DTYPE_Q5_K,  KN_DTYPE_Q6_K,
+                                    KN_DTYPE_Q3_K, KN_DTYPE_IQ4_NL, KN_DTYPE_IQ4_XS};
 
 /* n rows of K random elements of block format dt: random bytes, every f16
- * scale field a finite value of either sign (d, dmin; Q6_K's d at its end). */
+ * scale field a finite value of either sign (d, dmin; Q6_K's and Q3_K's d at
+ * their ends). */
 static uint8_t *rand_blocks(enum kn_dtype dt, int rows, int K) {
   size_t bb = kn_block_bytes(dt), nb = (size_t)rows * (size_t)K / (size_t)kn_block_elems(dt);
   uint8_t *b = malloc(nb * bb);
@@ -35,18 +41,20 @@ static uint8_t *rand_blocks(enum kn_dtype dt, int rows, int K) {
     b[i] = (uint8_t)kt_next();
   for (size_t i = 0; i < nb; i++) {
     uint8_t *blk = b + i * bb;
-    int n_f16 = dt == KN_DTYPE_Q8_0 || dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q5_0 ? 1
-                : dt == KN_DTYPE_Q6_K                                             ? 0
-                                                                                  : 2;
+    int n_f16 = dt == KN_DTYPE_Q8_0 || dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q5_0 ||
+                        dt == KN_DTYPE_IQ4_NL || dt == KN_DTYPE_IQ4_XS
+                    ? 1
+                : dt == KN_DTYPE_Q6_K || dt == KN_DTYPE_Q3_K ? 0
+                                                             : 2;
     for (int f = 0; f < n_f16; f++) {
       uint16_t hv = kn_f32_to_f16(0.02f * kt_uniform());
       blk[2 * f] = (uint8_t)hv;
       blk[2 * f + 1] = (uint8_t)(hv >> 8);
     }
-    if (dt == KN_DTYPE_Q6_K) {
+    if (dt == KN_DTYPE_Q6_K || dt == KN_DTYPE_Q3_K) {
       uint16_t hv = kn_f32_to_f16(0.01f * kt_uniform());
-      blk[208] = (uint8_t)hv;
-      blk[209] = (uint8_t)(hv >> 8);
+      blk[bb - 2] = (uint8_t)hv;
+      blk[bb - 1] = (uint8_t)(hv >> 8);
     }
   }
   return b;
@@ -110,8 +118,8 @@ TH_TEST(dequantization_matches_numpy) {
 
 TH_TEST(quantization_matches_numpy) {
   kt_seed(4);
-  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
-    enum kn_dtype dt = all[i];
+  for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++) {
+    enum kn_dtype dt = made[i];
     int K = 256 * 5;
     float *x = malloc(sizeof(float) * K);
     TH_REQUIRE(x != NULL);
@@ -147,8 +155,49 @@ TH_TEST(quantization_matches_numpy) {
   float x[32] = {0};
   uint8_t b[40];
   TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_F16, x, b, 16), CM_ERR_UNSUPPORTED);
+  TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_IQ4_NL, x, b, 32), CM_ERR_UNSUPPORTED);
   TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_Q4_K, x, b, 32), CM_ERR_INVAL);
   TH_CHECK_EQ_INT(kn_quantize_row(KN_DTYPE_Q8_0, x, b, 16), CM_ERR_INVAL);
+}
+
+/* The libggml-base.so of llama.cpp's npm build (tools/llamacpp) into lib[1400];
+ * skips the test, saying what was not checked, where it is missing. */
+static void need_libggml(char *lib, const char *what) {
+  snprintf(lib, 1400,
+           "%s/../tools/llamacpp/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/"
+           "libggml-base.so",
+           th_tests_dir());
+  static char why[256];
+  snprintf(why, sizeof(why),
+           "tools/llamacpp's libggml-base.so is missing (run tools/setup): %s not checked "
+           "against ggml's own",
+           what);
+  if (access(lib, R_OK)) TH_SKIP(why);
+}
+
+/* Every format's dequantization against ggml's own (its dequantize_row_*), bit
+ * for bit, on random blocks. */
+TH_TEST(dequantization_matches_libggml) {
+  char lib[1400];
+  need_libggml(lib, "the dequantizations were");
+  kt_seed(9);
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+    enum kn_dtype dt = all[i];
+    int K = 1024, rows = 3;
+    uint8_t *b = rand_blocks(dt, rows, K);
+    size_t n = (size_t)rows * K;
+    float *got = malloc(n * 4), *want = malloc(n * 4);
+    TH_REQUIRE(got && want);
+    kn_dequant_row(dt, b, got, n);
+    reference_lib("ggmldeq", lib, dt, b, (size_t)rows * kn_row_bytes(dt, (size_t)K), want, n * 4);
+    size_t bad = 0;
+    for (size_t j = 0; j < n; j++)
+      bad += memcmp(&got[j], &want[j], 4) != 0;
+    if (bad)
+      th_fail(__FILE__, __LINE__, "%s: %zu of %zu values differ from ggml's", kn_dtype_name(dt),
+              bad, n);
+    free(b), free(got), free(want);
+  }
 }
 
 /* Every quantizer against ggml's own (quantize_row_*_ref of the libggml-base.so
@@ -156,13 +205,7 @@ TH_TEST(quantization_matches_numpy) {
  * several magnitudes, a block of zeros, a constant one and a positive one. */
 TH_TEST(quantization_matches_libggml) {
   char lib[1400];
-  snprintf(lib, sizeof(lib),
-           "%s/../tools/llamacpp/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/"
-           "libggml-base.so",
-           th_tests_dir());
-  if (access(lib, R_OK))
-    TH_SKIP("tools/llamacpp's libggml-base.so is missing (run tools/setup): the quantizers were "
-            "not checked against ggml's own");
+  need_libggml(lib, "the quantizers were");
   kt_seed(6);
   int K = 256 * 12;
   float *x = malloc(sizeof(float) * K);
@@ -173,8 +216,8 @@ TH_TEST(quantization_matches_libggml) {
   }
   for (int j = 0; j < 256; j++)
     x[j] = 0.0f, x[256 + j] = -0.7f, x[768 + j] = fabsf(x[768 + j]) + 0.01f;
-  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
-    enum kn_dtype dt = all[i];
+  for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++) {
+    enum kn_dtype dt = made[i];
     size_t bytes = kn_row_bytes(dt, (size_t)K);
     uint8_t *got = malloc(bytes), *want = malloc(bytes);
     TH_REQUIRE(got && want && kn_quantize_row(dt, x, got, (size_t)K) == 0);
@@ -192,11 +235,13 @@ TH_TEST(quantization_matches_libggml) {
 
 /* The CPU ops over block weights give the bits of the same ops over the
  * dequantized f32 weights (T = 1, 3, 40 and 70: the matvec and the tile paths,
- * the latter on every table from T = 64). */
-static void check_ops(struct kn_backend *be, const char *what) {
+ * the latter on every table from T = 64); lowbit: only the formats of
+ * KN_CAP_BLOCK_LOWBIT. */
+static void check_ops(struct kn_backend *be, const char *what, int lowbit) {
   kt_seed(5);
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
     enum kn_dtype dt = all[i];
+    if (lowbit && !kn_dtype_lowbit(dt)) continue;
     int K = 512, N = 37;
     uint8_t *w = rand_blocks(dt, N, K);
     float *wf = malloc(sizeof(float) * N * K);
@@ -251,13 +296,21 @@ TH_TEST(cpu_block_weights_give_the_dequantized_bits) {
   for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
     struct kn_backend *be = NULL;
     TH_REQUIRE(kn_cpu_backend_create_isa(2, (enum kn_cpu_isa)isa, &be) == 0);
-    check_ops(be, kn_backend_name(be));
+    check_ops(be, kn_backend_name(be), 0);
     kn_backend_destroy(be);
   }
   struct kn_backend *be = NULL;
   TH_REQUIRE(kn_cpu_backend_create_mode(2, KN_CPU_ISA_BEST, 1, &be) == 0);
-  check_ops(be, "bf16 mode");
+  check_ops(be, "bf16 mode", 0);
   kn_backend_destroy(be);
+  /* the q8 mode has no integer kernels for Q3_K, IQ4_NL and IQ4_XS: their
+   * inputs stay f32, with the exact mode's bits, on every table */
+  for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
+    TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0);
+    TH_CHECK(kn_backend_has(be, KN_CAP_BLOCK_LOWBIT));
+    check_ops(be, "q8 mode", 1);
+    kn_backend_destroy(be);
+  }
 }
 
 /* The q8 mode (--dtype q8): weights of every block format against inputs
@@ -440,8 +493,8 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
 TH_TEST(q8_mode_integer_dot_products) {
   kt_seed(8);
   static const int Ts[] = {1, 2, 3, 4, 5, 16, 33, 256};
-  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
-    const enum kn_dtype dt = all[i];
+  for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++) {
+    const enum kn_dtype dt = made[i];
     const int sb = kn_block_elems(dt) == 256; /* K-quants: whole super-blocks */
     for (size_t k = 0; k < sizeof(Ts) / sizeof(Ts[0]); k++) {
       /* an even and an odd count of blocks (a K-quant's are even: 24, 8) */

@@ -20,6 +20,7 @@
 #include "worker/wk-greedy.h"
 #include "worker/wk-model-impl.h"
 #include "worker/wk-model.h"
+#include "worker/wk-owned.h"
 
 /* A bf16 KV cache in the reference: every K and V value, once made (K after
  * k_norm and RoPE, V after v_norm: transformers' order), rounded to the
@@ -85,7 +86,7 @@ static double *W(const struct ref *r, const char *name) {
   const struct md_tensor *t = md_st_find(r->st, full);
   if (!t) return NULL;
   if (t->dtype >= MD_ST_Q8_0) {
-    enum kn_dtype dt = (enum kn_dtype)(KN_DTYPE_Q8_0 + (t->dtype - MD_ST_Q8_0));
+    enum kn_dtype dt = wk_weight_dtype(t);
     size_t K = (size_t)t->shape[t->ndim - 1], rows = 1, rb = kn_row_bytes(dt, K);
     for (int i = 0; i + 1 < t->ndim; i++)
       rows *= (size_t)t->shape[i];
@@ -487,11 +488,12 @@ TH_TEST(reference_gemma4_moe_gguf_block_formats) {
 }
 
 /* Files llama.cpp's own quantizer writes (llama_model_quantize, the npm
- * package's libllama) from lmserve's f32 export: Q4_0, Q8_0, Q4_K_M and Q6_K of
- * Gemma 3's k256 preset (rows of whole 256-blocks, so the K-quants are
- * themselves), Q4_K_M of Gemma 4's tiny-e (per-layer inputs, their table in
- * Q8_0) and of tiny-dense with MoE. The runtime's logits on each file against
- * the reference over the file's dequantized tensors. */
+ * package's libllama) from lmserve's f32 export: Q4_0, Q8_0, Q4_K_M, Q6_K,
+ * Q3_K_M, IQ4_XS and IQ4_NL of Gemma 3's k256 preset (rows of whole 256-blocks,
+ * so the K-quants are themselves), IQ4_XS of its tiny preset (rows of 64:
+ * IQ4_NL, llama.cpp's fallback), Q4_K_M of Gemma 4's tiny-e (per-layer inputs, their
+ * table in Q8_0) and of tiny-dense with MoE. The runtime's logits on each file
+ * against the reference over the file's dequantized tensors. */
 TH_TEST(reference_on_files_quantized_by_llamacpp) {
   const char *no = th_llamacpp_lib();
   if (no) TH_SKIP(no);
@@ -504,6 +506,10 @@ TH_TEST(reference_on_files_quantized_by_llamacpp) {
       {"gemma3", "k256", 0, TH_LLAMA_FTYPE_Q8_0, "Q8_0"},
       {"gemma3", "k256", 0, TH_LLAMA_FTYPE_Q4_K_M, "Q4_K_M"},
       {"gemma3", "k256", 0, TH_LLAMA_FTYPE_Q6_K, "Q6_K"},
+      {"gemma3", "k256", 0, TH_LLAMA_FTYPE_Q3_K_M, "Q3_K_M"},
+      {"gemma3", "k256", 0, TH_LLAMA_FTYPE_IQ4_XS, "IQ4_XS"},
+      {"gemma3", "k256", 0, TH_LLAMA_FTYPE_IQ4_NL, "IQ4_NL"},
+      {"gemma3", "tiny", 0, TH_LLAMA_FTYPE_IQ4_XS, "IQ4_XS"},
       {"gemma4", "tiny-e", 0, TH_LLAMA_FTYPE_Q4_K_M, "Q4_K_M"},
       {"gemma4", "tiny-dense", 1, TH_LLAMA_FTYPE_Q4_K_M, "Q4_K_M"},
   };
