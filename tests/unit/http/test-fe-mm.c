@@ -33,16 +33,25 @@ static void g4_mm(struct fe_mm *mm) {
   strcpy(mm->eoi, "<image|>");
 }
 
+/* Text t, with n_images images (tokens: each one's soft tokens; NULL: mm's), expands
+ * to want, and the length fe_mm_expand returns is want's. */
+static void expands_to(const struct fe_mm *mm, const char *t, size_t n_images, const int *tokens,
+                       const char *want) {
+  char *out = NULL, err[256] = "";
+  size_t n = 0;
+  TH_REQUIRE(fe_mm_expand(mm, t, strlen(t), n_images, tokens, &out, &n, err, sizeof(err)) == 0);
+  TH_CHECK_EQ_STR(out, want);
+  TH_CHECK(n == strlen(out));
+  free(out);
+}
+
 TH_TEST(expand_markers) {
   struct fe_mm mm;
   small_mm(&mm);
+  const char *t = "A<boi>B<boi>";
+  expands_to(&mm, t, 2, NULL, "A\n\n<boi><s><s><s><eoi>\n\nB\n\n<boi><s><s><s><eoi>\n\n");
   char *out = NULL, err[256] = "";
   size_t n = 0;
-  const char *t = "A<boi>B<boi>";
-  TH_REQUIRE(fe_mm_expand(&mm, t, strlen(t), 2, NULL, &out, &n, err, sizeof(err)) == 0);
-  TH_CHECK_EQ_STR(out, "A\n\n<boi><s><s><s><eoi>\n\nB\n\n<boi><s><s><s><eoi>\n\n");
-  TH_CHECK(n == strlen(out));
-  free(out);
   TH_CHECK_EQ_INT(fe_mm_expand(&mm, t, strlen(t), 1, NULL, &out, &n, err, sizeof(err)),
                   CM_ERR_INVAL);
   TH_CHECK(strstr(err, "2 image placeholders (<boi>) for 1 image") != NULL);
@@ -76,14 +85,11 @@ TH_TEST(find_runs) {
 TH_TEST(expand_and_find_gemma4) {
   struct fe_mm mm;
   g4_mm(&mm);
-  char *out = NULL, err[256] = "";
-  size_t n = 0;
   const char *t = "A<|image|>B<|image|>";
   const int tokens[2] = {2, 1};
-  TH_REQUIRE(fe_mm_expand(&mm, t, strlen(t), 2, tokens, &out, &n, err, sizeof(err)) == 0);
-  TH_CHECK_EQ_STR(out, "A<|image><|image|><|image|><image|>B<|image><|image|><image|>");
-  TH_CHECK(n == strlen(out));
-  free(out);
+  expands_to(&mm, t, 2, tokens, "A<|image><|image|><|image|><image|>B<|image><|image|><image|>");
+  char *out = NULL, err[256] = "";
+  size_t n = 0;
   TH_CHECK_EQ_INT(fe_mm_expand(&mm, "<|image>x", 9, 1, tokens, &out, &n, err, sizeof(err)),
                   CM_ERR_INVAL);
   struct pr_image im[2] = {0};

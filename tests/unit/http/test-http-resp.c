@@ -185,17 +185,25 @@ TH_TEST(resp_stream_chunks) {
   fe_buf_free(&b);
 }
 
+/* The answer the Responses and Messages objects are tested with: c gets the thought
+ * "hmm" and two calls, f with no arguments and g with {"a":1}; u counts 10 prompt
+ * tokens (4 of them cached) and 7 completion tokens (3 of them the thought's). */
+static void thought_and_two_calls(struct fe_api_choice *c, struct fe_api_usage *u) {
+  c->reasoning = "hmm";
+  c->reasoning_len = 3;
+  c->tool_calls = "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                  "\"arguments\":\"{}\"}},{\"id\":\"call_2\",\"type\":\"function\","
+                  "\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"a\\\":1}\"}}]";
+  *u = (struct fe_api_usage){10, 7, 0, 4, 3};
+}
+
 /* The Responses API's object: a thought, text with its logprobs, two calls. */
 TH_TEST(resp_responses_object) {
   struct fe_buf b;
   fe_buf_init(&b, 0);
   struct fe_api_choice c = {0, "Hello", 5, "tool_calls", lps, 2};
-  c.reasoning = "hmm";
-  c.reasoning_len = 3;
-  c.tool_calls = "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
-                 "\"arguments\":\"{}\"}},{\"id\":\"call_2\",\"type\":\"function\","
-                 "\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"a\\\":1}\"}}]";
-  struct fe_api_usage u = {10, 7, 0, 4, 3};
+  struct fe_api_usage u;
+  thought_and_two_calls(&c, &u);
   struct fe_api_resp_meta m = {"resp_1", 1700000000, "gemma"};
   TH_REQUIRE(fe_resp_write(&b, &m, "{\"store\":false,\"tools\":[]}", &c, &u) == 0);
   json_t *j = parse(&b);
@@ -740,12 +748,8 @@ TH_TEST(resp_messages_object) {
   struct fe_buf b;
   fe_buf_init(&b, 0);
   struct fe_api_choice c = {0, "Hello", 5, "tool_calls"};
-  c.reasoning = "hmm";
-  c.reasoning_len = 3;
-  c.tool_calls = "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
-                 "\"arguments\":\"{}\"}},{\"id\":\"call_2\",\"type\":\"function\","
-                 "\"function\":{\"name\":\"g\",\"arguments\":\"{\\\"a\\\":1}\"}}]";
-  struct fe_api_usage u = {10, 7, 0, 4, 3};
+  struct fe_api_usage u;
+  thought_and_two_calls(&c, &u);
   struct fe_api_resp_meta m = {"msg_1", 1700000000, "gemma"};
   TH_REQUIRE(fe_msg_write(&b, &m, &c, &u) == 0);
   json_t *j = parse(&b);

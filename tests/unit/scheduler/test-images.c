@@ -154,18 +154,28 @@ static int hits_of(struct sch_engine *e, uint64_t id, const int32_t *p, int32_t 
   return (int)(st.prefix_hits - h0);
 }
 
+/* In a fresh engine (blocks of 4), p (32 ids, 16 text tokens, the 8 of `same` at 16,
+ * 8 more) as request 1 finds nothing cached; the same ids and media again, every
+ * block but the last; the same ids with `other` at its place (media the cache must
+ * tell apart from `same`), only the 16 text tokens before it. Returns the engine, for
+ * the caller to go on with and destroy; *plan is the last request's step. */
+static struct sch_engine *same_media_then_other(const int32_t *p, const struct sch_image *same,
+                                                const struct sch_image *other,
+                                                struct sch_plan *plan) {
+  struct sch_engine *e = engine(64, 0);
+  TH_CHECK_EQ_INT(hits_of(e, 1, p, 32, same, plan), 0);
+  TH_CHECK_EQ_INT(hits_of(e, 2, p, 32, same, plan), 28);
+  TH_CHECK_EQ_INT(hits_of(e, 3, p, 32, other, plan), 16);
+  return e;
+}
+
 TH_TEST(prefix_cache_keys_images_on_their_hash) {
   /* 16 text tokens, an image of 8 at 16, 8 more text: blocks of 4 */
   struct sch_image a = {16, 8, 0xaaaa, g_pix[0], 64}, b = {16, 8, 0xbbbb, g_pix[1], 64};
   int32_t p[32];
   prompt_with(p, 32, &a, 1);
-  struct sch_engine *e = engine(64, 0);
   struct sch_plan plan;
-  TH_CHECK_EQ_INT(hits_of(e, 1, p, 32, &a, &plan), 0);
-  /* the same text and image: every block but the last */
-  TH_CHECK_EQ_INT(hits_of(e, 2, p, 32, &a, &plan), 28);
-  /* the same ids with another image: only the 16 text tokens before it */
-  TH_CHECK_EQ_INT(hits_of(e, 3, p, 32, &b, &plan), 16);
+  struct sch_engine *e = same_media_then_other(p, &a, &b, &plan);
   const struct sch_plan_seq *s = fake_find_seq(&plan, 3);
   TH_REQUIRE(s != NULL);
   TH_CHECK_EQ_INT(s->start_pos, 16);
@@ -184,11 +194,8 @@ TH_TEST(audio_clips_are_never_split_and_keyed_on_their_kind) {
   struct sch_image pic = {16, 8, 0xcccc, g_pix[2], 64};
   int32_t q[32];
   prompt_with(q, 32, &clip, 1);
-  struct sch_engine *e = engine(64, 0);
   struct sch_plan plan;
-  TH_CHECK_EQ_INT(hits_of(e, 1, q, 32, &clip, &plan), 0);
-  TH_CHECK_EQ_INT(hits_of(e, 2, q, 32, &clip, &plan), 28);
-  TH_CHECK_EQ_INT(hits_of(e, 3, q, 32, &pic, &plan), 16);
+  struct sch_engine *e = same_media_then_other(q, &clip, &pic, &plan);
   sch_engine_destroy(e);
 }
 
