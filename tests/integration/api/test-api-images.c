@@ -90,12 +90,7 @@ static char *png_header_url(uint32_t w, uint32_t h) {
 /* A user message: text, then an image per url, then more text. */
 static char *chat_body(const char *before, const char *const urls[], int n_urls,
                        const char *after) {
-  json_t *parts = json_array();
-  json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", before));
-  for (int i = 0; i < n_urls; i++)
-    json_array_append_new(
-        parts, json_pack("{s:s, s:{s:s}}", "type", "image_url", "image_url", "url", urls[i]));
-  if (after) json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", after));
+  json_t *parts = api_image_parts(before, urls, n_urls, after);
   json_t *b = json_pack("{s:[{s:s, s:o}], s:i, s:f, s:b}", "messages", "role", "user", "content",
                         parts, "max_tokens", 8, "temperature", 0.0, "ignore_eos", 1);
   char *s = json_dumps(b, JSON_COMPACT);
