@@ -12,6 +12,17 @@
 #include "tokenizer/tk-tokenizer.h"
 #include "worker/wk-kv.h"
 
+json_t *api_image_parts(const char *before, const char *const urls[], int n_urls,
+                        const char *after) {
+  json_t *parts = json_array();
+  json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", before));
+  for (int i = 0; i < n_urls; i++)
+    json_array_append_new(
+        parts, json_pack("{s:s, s:{s:s}}", "type", "image_url", "image_url", "url", urls[i]));
+  if (after) json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", after));
+  return parts;
+}
+
 char *api_greedy_body(json_t *parts, json_t *mm_kwargs, int stream) {
   json_t *b =
       json_pack("{s:[{s:s, s:o}], s:i, s:f, s:b, s:b}", "messages", "role", "user", "content",

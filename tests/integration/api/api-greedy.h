@@ -1,9 +1,10 @@
-/* api-greedy.h — what the multimodal API tests (Gemma 4 images, audio) share:
- * greedy chat answers with their tokens' bytes, /tokenize of a chat body,
- * 400s naming a field, and the offline path they are held to: a prompt's ids
- * with given rows over its soft tokens decoded greedily by wk_model_forward
- * on the CPU backend, its tokens compared with a served answer's. Every
- * function requires success (TH_REQUIRE) or fails the test. */
+/* api-greedy.h — what the multimodal API tests (Gemma 3 and 4 images, audio)
+ * share: a user message's image parts, greedy chat answers with their tokens'
+ * bytes, /tokenize of a chat body, 400s naming a field, and the offline path
+ * they are held to: a prompt's ids with given rows over its soft tokens
+ * decoded greedily by wk_model_forward on the CPU backend, its tokens compared
+ * with a served answer's. Every function requires success (TH_REQUIRE) or
+ * fails the test. */
 #ifndef LMSERVE_TESTS_API_GREEDY_H
 #define LMSERVE_TESTS_API_GREEDY_H
 #include <jansson.h>
@@ -22,6 +23,10 @@ struct api_answer {
   int tok_len[API_GEN];
 };
 
+/* A user message's content parts (a JSON array, the caller's): the text
+ * before, an image_url part per url, then the text after unless NULL. */
+json_t *api_image_parts(const char *before, const char *const urls[], int n_urls,
+                        const char *after);
 /* A greedy chat request's body (malloc'd): one user message of the content
  * parts (a JSON array, taken over), API_GEN tokens at temperature 0 with
  * ignore_eos and logprobs, mm_processor_kwargs when not NULL (taken over),

@@ -65,12 +65,7 @@ static char *data_url(const uint8_t *p, size_t n) {
  * mm_processor_kwargs; budget < 0: max_soft_tokens "x". */
 static char *chat_body(const char *before, const char *const urls[], int n_urls, const char *after,
                        int budget, int stream) {
-  json_t *parts = json_array();
-  json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", before));
-  for (int i = 0; i < n_urls; i++)
-    json_array_append_new(
-        parts, json_pack("{s:s, s:{s:s}}", "type", "image_url", "image_url", "url", urls[i]));
-  if (after) json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", after));
+  json_t *parts = api_image_parts(before, urls, n_urls, after);
   json_t *kw = budget > 0   ? json_pack("{s:i}", "max_soft_tokens", budget)
                : budget < 0 ? json_pack("{s:s}", "max_soft_tokens", "x")
                             : NULL;

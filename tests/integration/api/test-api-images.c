@@ -90,12 +90,7 @@ static char *png_header_url(uint32_t w, uint32_t h) {
 /* A user message: text, then an image per url, then more text. */
 static char *chat_body(const char *before, const char *const urls[], int n_urls,
                        const char *after) {
-  json_t *parts = json_array();
-  json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", before));
-  for (int i = 0; i < n_urls; i++)
-    json_array_append_new(
-        parts, json_pack("{s:s, s:{s:s}}", "type", "image_url", "image_url", "url", urls[i]));
-  if (after) json_array_append_new(parts, json_pack("{s:s, s:s}", "type", "text", "text", after));
+  json_t *parts = api_image_parts(before, urls, n_urls, after);
   json_t *b = json_pack("{s:[{s:s, s:o}], s:i, s:f, s:b}", "messages", "role", "user", "content",
                         parts, "max_tokens", 8, "temperature", 0.0, "ignore_eos", 1);
   char *s = json_dumps(b, JSON_COMPACT);
@@ -127,6 +122,20 @@ static void chat(const struct as_server *s, const char *body, char *text, size_t
   as_post(s, "/v1/chat/completions", body, &r);
   answer_of(&r, text, size, prompt_tokens);
   as_resp_free(&r);
+}
+
+/* POSTs the JSON object b (taken over) to path on s: the 200 answer's JSON. */
+static json_t *post_json(const struct as_server *s, const char *path, json_t *b) {
+  char *body = json_dumps(b, JSON_COMPACT);
+  json_decref(b);
+  TH_REQUIRE(body != NULL);
+  struct as_resp r;
+  as_post(s, path, body, &r);
+  free(body);
+  TH_REQUIRE(r.status == 200);
+  json_t *j = as_json(&r);
+  as_resp_free(&r);
+  return j;
 }
 
 /* A request that must be refused: 400 naming `param`, the message holding `want`. */
@@ -190,20 +199,12 @@ TH_TEST(images_through_the_api) {
         "user", "content", "type", "input_text", "text", LONG_TEXT, "type", "input_image",
         "image_url", u0, "detail", "auto", "type", "input_text", "text", "What is in it?",
         "max_output_tokens", 8, "temperature", 0.0, "ignore_eos", 1);
-    char *body = json_dumps(rb, JSON_COMPACT);
-    json_decref(rb);
-    TH_REQUIRE(body != NULL);
-    struct as_resp r;
-    as_post(&a, "/v1/responses", body, &r);
-    free(body);
-    TH_REQUIRE(r.status == 200);
-    json_t *j = as_json(&r);
+    json_t *j = post_json(&a, "/v1/responses", rb);
     json_t *item = json_array_get(json_object_get(j, "output"), 0);
     json_t *part = json_array_get(json_object_get(item, "content"), 0);
     TH_CHECK_EQ_STR(json_string_value(json_object_get(part, "text")), ta1);
     TH_CHECK_EQ_INT(as_jint(j, "usage", "input_tokens"), pa1);
     json_decref(j);
-    as_resp_free(&r);
   }
 
   /* Anthropic's Messages API's image block (a base64 source): the same text and prompt */
@@ -215,20 +216,12 @@ TH_TEST(images_through_the_api) {
         "type", "image", "source", "type", "base64", "media_type", "image/png", "data", data,
         "type", "text", "text", "What is in it?", "max_tokens", 8, "temperature", 0.0, "ignore_eos",
         1);
-    char *body = json_dumps(mb, JSON_COMPACT);
-    json_decref(mb);
-    TH_REQUIRE(body != NULL);
-    struct as_resp r;
-    as_post(&a, "/v1/messages", body, &r);
-    free(body);
-    TH_REQUIRE(r.status == 200);
-    json_t *j = as_json(&r);
+    json_t *j = post_json(&a, "/v1/messages", mb);
     json_t *blk = json_array_get(json_object_get(j, "content"), 0);
     TH_CHECK_EQ_STR(json_string_value(json_object_get(blk, "text")), ta1);
     TH_CHECK_EQ_INT(
         as_jint(j, "usage", "input_tokens") + as_jint(j, "usage", "cache_read_input_tokens"), pa1);
     json_decref(j);
-    as_resp_free(&r);
   }
 
   /* C: the same checkpoint as a GGUF file, the tower in llama.cpp's mmproj

@@ -89,10 +89,7 @@ static int fill_step(struct model *md, const int32_t (*tok)[MAXP], const int *le
     in[n].n_tokens = k;
     in[n].pos0 = done[s];
     in[n].n_out = done[s] ? k : 1;
-    for (int g = 0; g < kv->n_groups; g++) {
-      in[n].block_tables[g] = md->blk[s].table[g];
-      in[n].n_blocks[g] = md->blk[s].n[g];
-    }
+    wkt_seq_pages(&in[n], kv, &md->blk[s]);
     n++;
   }
   return n;

@@ -66,10 +66,7 @@ static void step(struct side *s, const int32_t (*tok)[PRE + STEPS + 2], int s0, 
     memset(&in[i], 0, sizeof(in[i]));
     in[i] = (struct wk_seq_input){
         .tokens = tok[q] + p0, .n_tokens = k, .pos0 = p0, .n_out = k, .lora = lora[q]};
-    for (int g = 0; g < kv->n_groups; g++) {
-      in[i].block_tables[g] = s->blk[q].table[g];
-      in[i].n_blocks[g] = s->blk[q].n[g];
-    }
+    wkt_seq_pages(&in[i], kv, &s->blk[q]);
   }
   struct wk_batch b = {.seqs = in, .n_seqs = n, .logits = out};
   char err[512];

@@ -18,6 +18,7 @@
 #include "model/md-audio-g4.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
+#include "tests/unit/model/md-test-util.h"
 
 TH_TEST(defaults) {
   struct md_audio_fe_cfg c;
@@ -226,15 +227,6 @@ TH_TEST(longest_clip) {
   free(mask);
 }
 
-static void put(const char *dir, const char *name, const char *text) {
-  char path[512];
-  snprintf(path, sizeof(path), "%s/%s", dir, name);
-  FILE *f = fopen(path, "w");
-  TH_REQUIRE(f != NULL);
-  fputs(text, f);
-  fclose(f);
-}
-
 /* A checkpoint's extractor: processor_config.json's "feature_extractor"; an
  * older preprocessor_config.json only when it is a feature extractor's; the
  * defaults without either; a bad field an error naming the file. */
@@ -244,20 +236,20 @@ TH_TEST(load_from_checkpoint) {
   struct md_audio_fe_cfg c;
   TH_REQUIRE(md_audio_fe_load(dir, &c, err, sizeof(err)) == 0);
   TH_CHECK_EQ_INT(c.n_mel, 128);
-  put(dir, "preprocessor_config.json",
-      "{\"image_processor_type\":\"Gemma4ImageProcessor\","
-      "\"feature_size\":32}");
+  mdt_write_text(dir, "preprocessor_config.json",
+                 "{\"image_processor_type\":\"Gemma4ImageProcessor\","
+                 "\"feature_size\":32}");
   TH_REQUIRE(md_audio_fe_load(dir, &c, err, sizeof(err)) == 0);
   TH_CHECK_EQ_INT(c.n_mel, 128); /* an image processor's: not read */
-  put(dir, "preprocessor_config.json",
-      "{\"feature_extractor_type\":\"Gemma4AudioFeatureExtractor\","
-      "\"feature_size\":32}");
+  mdt_write_text(dir, "preprocessor_config.json",
+                 "{\"feature_extractor_type\":\"Gemma4AudioFeatureExtractor\","
+                 "\"feature_size\":32}");
   TH_REQUIRE(md_audio_fe_load(dir, &c, err, sizeof(err)) == 0);
   TH_CHECK_EQ_INT(c.n_mel, 32);
-  put(dir, "processor_config.json", "{\"feature_extractor\":{\"feature_size\":64}}");
+  mdt_write_text(dir, "processor_config.json", "{\"feature_extractor\":{\"feature_size\":64}}");
   TH_REQUIRE(md_audio_fe_load(dir, &c, err, sizeof(err)) == 0);
   TH_CHECK_EQ_INT(c.n_mel, 64); /* the newer file first */
-  put(dir, "processor_config.json", "{\"feature_extractor\":{\"dither\":0.5}}");
+  mdt_write_text(dir, "processor_config.json", "{\"feature_extractor\":{\"dither\":0.5}}");
   TH_CHECK_EQ_INT(md_audio_fe_load(dir, &c, err, sizeof(err)), CM_ERR_UNSUPPORTED);
   TH_CHECK(strstr(err, "processor_config.json") && strstr(err, "dither"));
 }

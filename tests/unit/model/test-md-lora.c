@@ -10,6 +10,7 @@
 #include "kernels/kn-dtype.h" /* header only: the conversions every kernel uses, as the oracle */
 #include "model/md-lora.h"
 #include "tests/harness/th.h"
+#include "tests/unit/model/md-test-util.h"
 
 #define ROOT "base_model.model."
 
@@ -92,15 +93,6 @@ static void rmdir_all(const char *dir) {
   rmdir(dir);
 }
 
-static void write_text(const char *dir, const char *name, const char *text) {
-  char p[4200];
-  snprintf(p, sizeof(p), "%s/%s", dir, name);
-  FILE *f = fopen(p, "w");
-  TH_REQUIRE(f);
-  fputs(text, f);
-  fclose(f);
-}
-
 /* Writes adapter_config.json (none for config NULL) and adapter_model.safetensors
  * with the n tensors t (none for n < 0), their data from raw_bits. */
 static void write_adapter(const char *dir, const char *config, const struct tt *t, int n) {
@@ -109,7 +101,7 @@ static void write_adapter(const char *dir, const char *config, const struct tt *
     snprintf(p, sizeof(p), "%s/%s", dir, files[i]);
     unlink(p);
   }
-  if (config) write_text(dir, "adapter_config.json", config);
+  if (config) mdt_write_text(dir, "adapter_config.json", config);
   if (n < 0) return;
   struct md_st_entry e[64];
   TH_REQUIRE(n <= 64);
@@ -575,7 +567,7 @@ TH_TEST(lora_files) {
   mod_pair(t, "model.", 0, MD_LORA_Q, 4, MD_ST_BF16);
   /* a pickle file alone: never read */
   write_adapter(dir, cfg4, t, -1);
-  write_text(dir, "adapter_model.bin", "PK\x03\x04 not read");
+  mdt_write_text(dir, "adapter_model.bin", "PK\x03\x04 not read");
   REFUSED(cfg4, t, -1, CM_ERR_UNSUPPORTED, "adapter_model.bin", "only safetensors adapters load");
   char p[4200];
   snprintf(p, sizeof(p), "%s/adapter_model.bin", dir);

@@ -3,30 +3,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/cm-err.h"
+#include "common/cm-fs.h"
 #include "model/md-safetensors.h"
+#include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
-
-/* A fresh directory under $TMPDIR (or /tmp); path in buf. */
-static int mdt_tmpdir(char *buf, size_t n) {
-  const char *t = getenv("TMPDIR");
-  snprintf(buf, n, "%s/lmserve-md-XXXXXX", t && *t ? t : "/tmp");
-  return mkdtemp(buf) ? 0 : -1;
-}
-
-/* Removes a directory made by mdt_tmpdir and the files these tests write in it. */
-static void mdt_rmdir(const char *dir) {
-  static const char *names[] = {"model.safetensors", "model.safetensors.index.json",
-                                "a.safetensors", "b.safetensors"};
-  char p[4200];
-  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-    snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
-    unlink(p);
-  }
-  rmdir(dir);
-}
+#include "tests/unit/model/md-test-util.h"
 
 /* Builds a safetensors image from a header string and n data bytes. */
 static unsigned char *image(const char *header, size_t data, size_t *len) {
@@ -41,7 +24,7 @@ static unsigned char *image(const char *header, size_t data, size_t *len) {
 
 TH_TEST(st_round_trip) {
   char dir[256];
-  TH_REQUIRE(mdt_tmpdir(dir, sizeof(dir)) == 0);
+  TH_REQUIRE(th_tmpdir("md", dir, sizeof(dir)) == 0);
   char path[300];
   snprintf(path, sizeof(path), "%s/model.safetensors", dir);
   FILE *f = fopen(path, "wb");
@@ -73,7 +56,7 @@ TH_TEST(st_round_trip) {
   TH_CHECK(md_st_find(st, "missing") == NULL);
   TH_CHECK_EQ_INT(md_st_data_bytes(st), 34);
   md_st_close(st);
-  mdt_rmdir(dir);
+  cm_rmtree(dir);
 }
 
 TH_TEST(st_hostile_headers) {
@@ -146,17 +129,15 @@ static void write_file(const char *dir, const char *name, const struct md_st_ent
 
 TH_TEST(st_sharded_index) {
   char dir[256];
-  TH_REQUIRE(mdt_tmpdir(dir, sizeof(dir)) == 0);
+  TH_REQUIRE(th_tmpdir("md", dir, sizeof(dir)) == 0);
   float v[4] = {1, 2, 3, 4};
   struct md_st_entry a = {.name = "x", .dtype = MD_ST_F32, .ndim = 1, .shape = {2}};
   struct md_st_entry b = {.name = "y", .dtype = MD_ST_F32, .ndim = 1, .shape = {2}};
   write_file(dir, "a.safetensors", &a, 1, v, 8);
   write_file(dir, "b.safetensors", &b, 1, v + 2, 8);
-  char path[300];
-  snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-  FILE *f = fopen(path, "w");
-  fprintf(f, "{\"metadata\":{},\"weight_map\":{\"x\":\"a.safetensors\",\"y\":\"b.safetensors\"}}");
-  fclose(f);
+  mdt_write_text(
+      dir, "model.safetensors.index.json",
+      "{\"metadata\":{},\"weight_map\":{\"x\":\"a.safetensors\",\"y\":\"b.safetensors\"}}");
   struct md_st *st = NULL;
   char err[256] = "";
   TH_REQUIRE(md_st_open_dir(dir, &st, err, sizeof(err)) == 0);
@@ -164,15 +145,13 @@ TH_TEST(st_sharded_index) {
   TH_CHECK_EQ_STR(md_st_find(st, "y")->file, "b.safetensors");
   md_st_close(st);
   /* an index naming a tensor its shard lacks, and a path escaping the dir */
-  f = fopen(path, "w");
-  fprintf(f, "{\"weight_map\":{\"x\":\"a.safetensors\",\"z\":\"b.safetensors\"}}");
-  fclose(f);
+  mdt_write_text(dir, "model.safetensors.index.json",
+                 "{\"weight_map\":{\"x\":\"a.safetensors\",\"z\":\"b.safetensors\"}}");
   TH_CHECK_EQ_INT(md_st_open_dir(dir, &st, err, sizeof(err)), CM_ERR_NOENT);
   TH_CHECK(strstr(err, "z") != NULL);
-  f = fopen(path, "w");
-  fprintf(f, "{\"weight_map\":{\"x\":\"../a.safetensors\"}}");
-  fclose(f);
+  mdt_write_text(dir, "model.safetensors.index.json",
+                 "{\"weight_map\":{\"x\":\"../a.safetensors\"}}");
   TH_CHECK_EQ_INT(md_st_open_dir(dir, &st, err, sizeof(err)), CM_ERR_INVAL);
-  mdt_rmdir(dir);
+  cm_rmtree(dir);
   TH_CHECK_EQ_INT(md_st_open_dir(dir, &st, err, sizeof(err)), CM_ERR_NOENT);
 }

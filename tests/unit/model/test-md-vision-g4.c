@@ -22,6 +22,7 @@
 #include "model/md-vision-preproc.h"
 #include "tests/harness/th-proc.h"
 #include "tests/harness/th.h"
+#include "tests/unit/model/md-test-util.h"
 
 /* ---- config ------------------------------------------------------------------ */
 
@@ -215,23 +216,17 @@ TH_TEST(g4_processor_config) {
   TH_CHECK_EQ_INT(preproc("{}", 0, &c, err), CM_ERR_STATE);
 
   /* md_config_load reads it from the checkpoint folder */
-  char dir[4096], path[4200];
+  char dir[4096];
   TH_REQUIRE(th_tmpdir("g4-config", dir, sizeof(dir)) == 0);
   g4_json(j, sizeof(j), "", "\"vision_config\":{}");
-  snprintf(path, sizeof(path), "%s/config.json", dir);
-  FILE *f = fopen(path, "w");
-  TH_REQUIRE(f && fputs(j, f) >= 0 && fclose(f) == 0);
+  mdt_write_text(dir, "config.json", j);
   TH_REQUIRE(md_config_load(dir, &c, err, sizeof(err)) == 0);
   TH_CHECK_EQ_INT(c.vision_g4.default_tokens, 280);
-  snprintf(path, sizeof(path), "%s/processor_config.json", dir);
-  f = fopen(path, "w");
-  TH_REQUIRE(f && fputs(e2b, f) >= 0 && fclose(f) == 0);
+  mdt_write_text(dir, "processor_config.json", e2b);
   TH_REQUIRE(md_config_load(dir, &c, err, sizeof(err)) == 0);
   TH_CHECK_EQ_INT(c.vision_g4.default_tokens, 560);
   TH_CHECK_EQ_INT(c.vision.present, 0);
-  f = fopen(path, "w");
-  TH_REQUIRE(f && fputs("{\"image_processor\":{\"max_soft_tokens\":100}}", f) >= 0 &&
-             fclose(f) == 0);
+  mdt_write_text(dir, "processor_config.json", "{\"image_processor\":{\"max_soft_tokens\":100}}");
   TH_CHECK_EQ_INT(md_config_load(dir, &c, err, sizeof(err)), CM_ERR_RANGE);
   TH_CHECK(strstr(err, "processor_config.json: image_processor.max_soft_tokens 100") != NULL);
   cm_rmtree(dir);

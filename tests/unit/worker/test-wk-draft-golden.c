@@ -90,10 +90,7 @@ TH_TEST(golden_gemma4_assistant) {
   struct wk_seq_blocks blk = {0};
   TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, T) == 0);
   struct wk_seq_input s = {.tokens = ids, .n_tokens = T, .pos0 = 0, .n_out = 1};
-  for (int gi = 0; gi < kv->n_groups; gi++) {
-    s.block_tables[gi] = blk.table[gi];
-    s.n_blocks[gi] = blk.n[gi];
-  }
+  wkt_seq_pages(&s, kv, &blk);
   float *tlog = malloc(sizeof(float) * (size_t)V), *h = malloc(sizeof(float) * (size_t)B),
         *hout = malloc(sizeof(float) * (size_t)B), *dlog = malloc(sizeof(float) * (size_t)V);
   unsigned char *cand = malloc((size_t)V);

@@ -61,10 +61,7 @@ static int setup_q(struct rig *r, int ordered, int quant) {
     lcg_prompt(p, 17 + (uint32_t)q);
     if (wk_seq_blocks_reserve(&r->blk[q], kv, &r->pa, NP)) return -1;
     struct wk_seq_input in = {.tokens = p, .n_tokens = NP, .n_out = 1};
-    for (int g = 0; g < kv->n_groups; g++) {
-      in.block_tables[g] = r->blk[q].table[g];
-      in.n_blocks[g] = r->blk[q].n[g];
-    }
+    wkt_seq_pages(&in, kv, &r->blk[q]);
     static float logits[512];
     struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = logits, .hidden = r->h[q]};
     if (wk_model_forward(r->t, &b, err, sizeof(err))) return -1;

@@ -82,10 +82,7 @@ static int run(const char *dir, int fast, struct trace *tr) {
       in[k].pos0 = done[s];
       /* outputs: the last token of a finished prompt; every token of C */
       in[k].n_out = s == 2 ? n : (done[s] + n == len[s] || !prefill ? 1 : 0);
-      for (int g = 0; g < kv->n_groups; g++) {
-        in[k].block_tables[g] = blk[s].table[g];
-        in[k].n_blocks[g] = blk[s].n[g];
-      }
+      wkt_seq_pages(&in[k], kv, &blk[s]);
       rows += in[k].n_out;
       done[s] += n;
       k++;

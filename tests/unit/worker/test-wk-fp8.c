@@ -166,10 +166,7 @@ static int run_model(const char *dir, struct kn_backend *be, const struct wk_mod
     int n = done == 0 ? 13 : done == 13 ? 11 : 1;
     TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, done + n) == 0);
     struct wk_seq_input in = {.tokens = prompt + done, .n_tokens = n, .pos0 = done, .n_out = n};
-    for (int g = 0; g < kv->n_groups; g++) {
-      in.block_tables[g] = blk.table[g];
-      in.n_blocks[g] = blk.n[g];
-    }
+    wkt_seq_pages(&in, kv, &blk);
     struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = step};
     rc = wk_model_forward(m, &b, err, errlen);
     memcpy(out->logits + (size_t)done * V, step, sizeof(float) * (size_t)n * V);

@@ -116,10 +116,7 @@ static void golden_kv(const char *name, int cuda, enum kn_dtype kvdt) {
       int n = chunks[c] < T - p ? chunks[c] : T - p;
       TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, p + n) == 0);
       struct wk_seq_input s = {.tokens = ids + p, .n_tokens = n, .pos0 = p, .n_out = n};
-      for (int gi = 0; gi < kv->n_groups; gi++) {
-        s.block_tables[gi] = blk.table[gi];
-        s.n_blocks[gi] = blk.n[gi];
-      }
+      wkt_seq_pages(&s, kv, &blk);
       struct wk_batch b = {.seqs = &s, .n_seqs = 1, .logits = got + (size_t)p * V};
       TH_REQUIRE(wk_model_forward(m, &b, err, sizeof(err)) == 0);
     }
@@ -316,10 +313,7 @@ static void golden_scores(const char *name, int cuda) {
     int32_t bad = V;
     struct wk_seq_input s = {
         .tokens = ids, .n_tokens = 2, .pos0 = 0, .n_score = 1, .score_ids = &bad};
-    for (int gi = 0; gi < kv->n_groups; gi++) {
-      s.block_tables[gi] = blk.table[gi];
-      s.n_blocks[gi] = blk.n[gi];
-    }
+    wkt_seq_pages(&s, kv, &blk);
     struct wk_batch b = {.seqs = &s, .n_seqs = 1, .scored = sc, .score_top = 1};
     TH_CHECK_EQ_INT(wk_model_forward(m, &b, err, sizeof(err)), CM_ERR_RANGE);
     TH_CHECK(strstr(err, "scored token id") != NULL);

@@ -131,10 +131,7 @@ static void seq_init(struct fx *f, struct seq *s, const int32_t *ids, int n, int
 static struct wk_seq_input seq_input(struct fx *f, struct seq *s, int p0, int n) {
   struct wk_seq_input in = {
       .tokens = s->ids + p0, .n_tokens = n, .pos0 = p0, .n_out = n, .lora = s->lora};
-  for (int g = 0; g < f->kv->n_groups; g++) {
-    in.block_tables[g] = s->blk.table[g];
-    in.n_blocks[g] = s->blk.n[g];
-  }
+  wkt_seq_pages(&in, f->kv, &s->blk);
   return in;
 }
 

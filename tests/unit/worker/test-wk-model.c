@@ -103,10 +103,7 @@ static void seq_input(struct wk_seq_input *in, const struct seq *s, const struct
   in->n_tokens = n;
   in->pos0 = s->done;
   in->n_out = n;
-  for (int g = 0; g < kv->n_groups; g++) {
-    in->block_tables[g] = s->blk.table[g];
-    in->n_blocks[g] = s->blk.n[g];
-  }
+  wkt_seq_pages(in, kv, &s->blk);
 }
 
 /* Runs batch b through f's model: 0, or the error code (its message printed). */
@@ -442,10 +439,7 @@ TH_TEST(bad_batches_are_refused) {
   TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, 8) == 0);
   int32_t toks[8] = {2, 5, 6, 7, 8, 9, 10, 11};
   struct wk_seq_input s = {.tokens = toks, .n_tokens = 8, .pos0 = 0, .n_out = 1};
-  for (int g = 0; g < kv->n_groups; g++) {
-    s.block_tables[g] = blk.table[g];
-    s.n_blocks[g] = blk.n[g];
-  }
+  wkt_seq_pages(&s, kv, &blk);
   static float logits[512];
   struct wk_batch b = {.seqs = &s, .n_seqs = 1, .logits = logits};
   char err[256];
@@ -550,10 +544,7 @@ TH_TEST(bidirectional_image_range) {
                                 .pos0 = cuts[c],
                                 .n_out = cuts[c + 1] - cuts[c]};
       if (run) in.bidir = range, in.n_bidir = 1;
-      for (int g = 0; g < kv->n_groups; g++) {
-        in.block_tables[g] = blk.table[g];
-        in.n_blocks[g] = blk.n[g];
-      }
+      wkt_seq_pages(&in, kv, &blk);
       struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = outs[run] + (size_t)cuts[c] * f.V};
       TH_REQUIRE(wk_model_forward(f.m, &b, err, sizeof(err)) == 0);
     }
@@ -568,10 +559,7 @@ TH_TEST(bidirectional_image_range) {
   TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, N) == 0);
   struct wk_seq_input in = {
       .tokens = p, .n_tokens = 15, .pos0 = 0, .n_out = 1, .bidir = range, .n_bidir = 1};
-  for (int g = 0; g < kv->n_groups; g++) {
-    in.block_tables[g] = blk.table[g];
-    in.n_blocks[g] = blk.n[g];
-  }
+  wkt_seq_pages(&in, kv, &blk);
   struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = causal};
   TH_CHECK_EQ_INT(wk_model_forward(f.m, &b, err, sizeof(err)), CM_ERR_INVAL);
   TH_CHECK(strstr(err, "[10, 20)") != NULL);
@@ -662,10 +650,7 @@ TH_TEST(hidden_states_output) {
   struct wk_seq_blocks blk = {0};
   TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, 12) == 0);
   struct wk_seq_input in = {.tokens = p, .n_tokens = 12, .n_out = 3};
-  for (int g = 0; g < kv->n_groups; g++) {
-    in.block_tables[g] = blk.table[g];
-    in.n_blocks[g] = blk.n[g];
-  }
+  wkt_seq_pages(&in, kv, &blk);
   static float logits[3 * 512], hidden[3 * 64];
   struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = logits, .hidden = hidden};
   char err[256];
@@ -721,10 +706,7 @@ TH_TEST(masks_ready_before_the_rows_sample) {
   struct wk_seq_blocks blk = {0};
   TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &f.pa, 12) == 0);
   struct wk_seq_input in = {.tokens = p, .n_tokens = 12, .n_out = 2};
-  for (int g = 0; g < kv->n_groups; g++) {
-    in.block_tables[g] = blk.table[g];
-    in.n_blocks[g] = blk.n[g];
-  }
+  wkt_seq_pages(&in, kv, &blk);
   int words = (f.V + 31) / 32;
   uint32_t *bits = calloc(2 * (size_t)words, sizeof(uint32_t));
   TH_REQUIRE(bits);

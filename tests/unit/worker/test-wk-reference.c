@@ -415,10 +415,7 @@ static void compare_model(const char *path, const char *label, int T) {
   struct wk_seq_blocks blk = {0};
   TH_REQUIRE(wk_seq_blocks_reserve(&blk, wk_model_kv_spec(m), &pa, T) == 0);
   struct wk_seq_input in = {.tokens = ids, .n_tokens = T, .n_out = T};
-  for (int g = 0; g < wk_model_kv_spec(m)->n_groups; g++) {
-    in.block_tables[g] = blk.table[g];
-    in.n_blocks[g] = blk.n[g];
-  }
+  wkt_seq_pages(&in, wk_model_kv_spec(m), &blk);
   float *got = malloc(sizeof(float) * (size_t)T * V);
   struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = got};
   TH_REQUIRE(wk_model_forward(m, &b, err, sizeof(err)) == 0);
@@ -606,10 +603,7 @@ static void compare_generation(const char *preset, int P, int N, double tol) {
     int pos0 = i ? P + i - 1 : 0, n = i ? 1 : P;
     TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, pos0 + n) == 0);
     struct wk_seq_input in = {.tokens = ids + pos0, .n_tokens = n, .pos0 = pos0, .n_out = 1};
-    for (int g = 0; g < kv->n_groups; g++) {
-      in.block_tables[g] = blk.table[g];
-      in.n_blocks[g] = blk.n[g];
-    }
+    wkt_seq_pages(&in, kv, &blk);
     struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = got + (size_t)i * V};
     TH_REQUIRE(wk_model_forward(m, &b, err, sizeof(err)) == 0);
     ids[P + i] = wk_argmax(got + (size_t)i * V, V);
@@ -774,10 +768,7 @@ TH_TEST(reference_draft_step) {
   struct wk_seq_blocks blk = {0};
   TH_REQUIRE(wk_seq_blocks_reserve(&blk, wk_model_kv_spec(t), &pa, T) == 0);
   struct wk_seq_input in = {.tokens = ids, .n_tokens = T, .n_out = 1};
-  for (int g = 0; g < wk_model_kv_spec(t)->n_groups; g++) {
-    in.block_tables[g] = blk.table[g];
-    in.n_blocks[g] = blk.n[g];
-  }
+  wkt_seq_pages(&in, wk_model_kv_spec(t), &blk);
   static float tl[512], th[64], hout[64], dl[512];
   struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = tl, .hidden = th};
   TH_REQUIRE(wk_model_forward(t, &b, err, sizeof(err)) == 0);

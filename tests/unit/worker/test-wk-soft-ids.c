@@ -30,10 +30,7 @@ static void logits_of(struct wk_model *m, const int32_t *ids, const float *rows,
     in.embeds = &e;
     in.n_embeds = 1;
   }
-  for (int g = 0; g < kv->n_groups; g++) {
-    in.block_tables[g] = blk.table[g];
-    in.n_blocks[g] = blk.n[g];
-  }
+  wkt_seq_pages(&in, kv, &blk);
   struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = out};
   char err[256] = "";
   int rc = wk_model_forward(m, &b, err, sizeof(err));

@@ -105,10 +105,7 @@ static int run(struct wk_model *m, struct result *r, int V) {
         in[k].n_tokens = n;
         in[k].pos0 = done;
         in[k].n_out = n;
-        for (int g = 0; g < kv->n_groups; g++) {
-          in[k].block_tables[g] = blk[s].table[g];
-          in[k].n_blocks[g] = blk[s].n[g];
-        }
+        wkt_seq_pages(&in[k], kv, &blk[s]);
         k++;
       }
       struct wk_batch b = {.seqs = in, .n_seqs = k};

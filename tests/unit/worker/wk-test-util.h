@@ -69,6 +69,15 @@ static inline struct kn_backend *wkt_cpu_backend(int threads) {
   return be;
 }
 
+/* Points in at blk's pages: every KV group's page table and its length. */
+static inline void wkt_seq_pages(struct wk_seq_input *in, const struct wk_kv_spec *kv,
+                                 const struct wk_seq_blocks *blk) {
+  for (int g = 0; g < kv->n_groups; g++) {
+    in->block_tables[g] = blk->table[g];
+    in->n_blocks[g] = blk->n[g];
+  }
+}
+
 /* The options of a small load (16 batch tokens, one sequence, 64 KV tokens,
  * quiet) with `quantization` (WK_QUANT_*, or 0). */
 static inline struct wk_model_opts wkt_small_opts(int quantization) {
@@ -250,10 +259,7 @@ static inline int wkt_prompt_logits(const char *path, struct kn_backend *be, int
     int n = done == 0 ? chunk : 1;
     TH_REQUIRE(wk_seq_blocks_reserve(&blk, kv, &pa, done + n) == 0);
     struct wk_seq_input in = {.tokens = prompt + done, .n_tokens = n, .pos0 = done, .n_out = n};
-    for (int g = 0; g < kv->n_groups; g++) {
-      in.block_tables[g] = blk.table[g];
-      in.n_blocks[g] = blk.n[g];
-    }
+    wkt_seq_pages(&in, kv, &blk);
     struct wk_batch b = {.seqs = &in, .n_seqs = 1, .logits = all + (size_t)done * *V};
     rc = wk_model_forward(m, &b, err, errlen);
     done += n;
