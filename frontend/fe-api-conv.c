@@ -67,3 +67,21 @@ void fe_conv_free(struct fe_conv *c) {
   c->origin = NULL;
   c->cap = 0;
 }
+
+int fe_conv_rename(const char *param, char *const *origin, size_t n, const char *call_id,
+                   const char *format, char *out, size_t cap) {
+  size_t i;
+  int k = 0;
+  if (sscanf(param, "messages[%zu]%n", &i, &k) == 1 && k > 0 && i < n)
+    snprintf(out, cap, "%s%s", origin[i],
+             !strcmp(param + k, ".tool_call_id") ? call_id : param + k);
+  else if (!strncmp(param, "response_format", 15))
+    snprintf(out, cap, "%s%s", format,
+             strncmp(param + 15, ".json_schema", 12) ? param + 15 : param + 27);
+  else if (!strncmp(param, "tools[", 6) && strstr(param, "].function."))
+    snprintf(out, cap, "%.*s%s", (int)(strstr(param, "].function.") - param + 2), param,
+             strstr(param, "].function.") + 11);
+  else
+    return 0;
+  return 1;
+}

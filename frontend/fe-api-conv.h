@@ -38,4 +38,12 @@ int fe_conv_push(struct fe_conv *c, json_t *m, const char *from);
 /* Frees the origins (the messages belong to the request they were put in). */
 void fe_conv_free(struct fe_conv *c);
 
+/* The renamings of a chat error's param that both translators make, written to
+ * out (cap bytes): "messages[i]..." (i < n) as origin[i] and the rest, the rest's
+ * ".tool_call_id" as call_id; "response_format..." as format and the rest, less
+ * its ".json_schema" level; a tool's "tools[i].function.X" as "tools[i].X". 1
+ * where one applies; 0, out untouched, where none does. */
+int fe_conv_rename(const char *param, char *const *origin, size_t n, const char *call_id,
+                   const char *format, char *out, size_t cap);
+
 #endif

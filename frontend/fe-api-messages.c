@@ -533,28 +533,18 @@ static int to_chat(struct mctx *c, json_t *b, int count, json_t **out) {
  * field it came from, a tool's function.parameters as its input_schema. */
 static void rename_param(const struct mctx *c, char *param, size_t cap) {
   char out[sizeof(((struct fe_api_error *)0)->param)];
-  size_t i, n = json_array_size(c->cv.msgs);
-  int k = 0;
-  if (sscanf(param, "messages[%zu]%n", &i, &k) == 1 && k > 0 && i < n)
-    snprintf(out, sizeof(out), "%s%s", c->cv.origin[i],
-             !strcmp(param + k, ".tool_call_id") ? ".tool_use_id" : param + k);
-  else if (!strcmp(param, "stop"))
+  if (!strcmp(param, "stop"))
     snprintf(out, sizeof(out), "stop_sequences");
-  else if (!strncmp(param, "response_format", 15))
-    snprintf(out, sizeof(out), "%s%s", c->format ? c->format : "output_format",
-             strncmp(param + 15, ".json_schema", 12) ? param + 15 : param + 27);
   else if (!strncmp(param, "tools[", 6) && strstr(param, "].function.parameters"))
     snprintf(out, sizeof(out), "%.*sinput_schema%s",
              (int)(strstr(param, "].function.") - param + 2), param,
              strstr(param, "].function.parameters") + 21);
-  else if (!strncmp(param, "tools[", 6) && strstr(param, "].function."))
-    snprintf(out, sizeof(out), "%.*s%s", (int)(strstr(param, "].function.") - param + 2), param,
-             strstr(param, "].function.") + 11);
   else if (!strcmp(param, "tool_choice.function.name"))
     snprintf(out, sizeof(out), "tool_choice.name");
   else if (!strcmp(param, "parallel_tool_calls"))
     snprintf(out, sizeof(out), "tool_choice.disable_parallel_tool_use");
-  else
+  else if (!fe_conv_rename(param, c->cv.origin, json_array_size(c->cv.msgs), ".tool_use_id",
+                           c->format ? c->format : "output_format", out, sizeof(out)))
     return;
   snprintf(param, cap, "%s", out);
 }

@@ -474,26 +474,15 @@ static json_t *echo_of(json_t *b, const struct fe_api_request *r, int stored) {
  * text.format, a tool's function.X as its X. */
 static void rename_param(char *param, size_t cap, char *const *origin, size_t n) {
   char out[sizeof(((struct fe_api_error *)0)->param)];
-  size_t i;
-  int k = 0;
-  if (sscanf(param, "messages[%zu]%n", &i, &k) == 1 && k > 0 && i < n)
-    snprintf(out, sizeof(out), "%s%s", origin[i],
-             !strcmp(param + k, ".tool_call_id") ? ".call_id" : param + k);
-  else if (!strcmp(param, "messages"))
+  if (!strcmp(param, "messages"))
     snprintf(out, sizeof(out), "input");
   else if (!strcmp(param, "max_tokens"))
     snprintf(out, sizeof(out), "max_output_tokens");
-  else if (!strncmp(param, "response_format", 15))
-    snprintf(out, sizeof(out), "text.format%s",
-             strncmp(param + 15, ".json_schema", 12) ? param + 15 : param + 27);
-  else if (!strncmp(param, "tools[", 6) && strstr(param, "].function."))
-    snprintf(out, sizeof(out), "%.*s%s", (int)(strstr(param, "].function.") - param + 2), param,
-             strstr(param, "].function.") + 11);
   else if (!strcmp(param, "logprobs"))
     snprintf(out, sizeof(out), "include");
   else if (!strcmp(param, "reasoning_effort"))
     snprintf(out, sizeof(out), "reasoning.effort");
-  else
+  else if (!fe_conv_rename(param, origin, n, ".call_id", "text.format", out, sizeof(out)))
     return;
   snprintf(param, cap, "%s", out);
 }

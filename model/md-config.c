@@ -532,6 +532,17 @@ static int get_choice(const json_t *o, const char *key, const char *const *choic
                  key);
 }
 
+/* A Gemma 4 tower's config object o (`what`: vision_config, audio_config) whose
+ * model_type, given and not null, is not `type`: CM_ERR_UNSUPPORTED. */
+static int tower_type(const json_t *o, const char *what, const char *type, char *err,
+                      size_t errlen) {
+  const json_t *mt = json_object_get(o, "model_type");
+  if (mt && !json_is_null(mt) && !(json_is_string(mt) && !strcmp(json_string_value(mt), type)))
+    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
+                   "config.json: %s.model_type is not supported (%s)", what, type);
+  return 0;
+}
+
 /* vision_config of a gemma4 checkpoint (struct md_vision_g4_cfg); tc is its
  * text_config. Defaults are Gemma4VisionConfig's and Gemma4Config's. */
 static int parse_vision_g4(const json_t *root, const json_t *tc, struct md_config *cfg, char *err,
@@ -540,11 +551,7 @@ static int parse_vision_g4(const json_t *root, const json_t *tc, struct md_confi
   const json_t *vc;
   int rc = vision_object(root, &vc, err, errlen);
   if (rc || !vc) return rc;
-  const json_t *mt = json_object_get(vc, "model_type");
-  if (mt && !json_is_null(mt) &&
-      !(json_is_string(mt) && !strcmp(json_string_value(mt), "gemma4_vision")))
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "config.json: vision_config.model_type is not supported (gemma4_vision)");
+  if ((rc = tower_type(vc, "vision_config", "gemma4_vision", err, errlen))) return rc;
   static const char *const acts[] = {"gelu_pytorch_tanh", "gelu_tanh"};
   int act;
   if ((rc = get_int_to(vc, "hidden_size", 0, 768, 1, 65536, &v->hidden, err, errlen)) ||
@@ -650,13 +657,10 @@ static int parse_audio_g4(const json_t *root, struct md_config *cfg, char *err, 
   if (!ac || json_is_null(ac)) return 0;
   if (!json_is_object(ac))
     return cm_fail(err, errlen, CM_ERR_PARSE, "config.json: audio_config is not an object");
-  const json_t *mt = json_object_get(ac, "model_type");
-  if (mt && !json_is_null(mt) &&
-      !(json_is_string(mt) && !strcmp(json_string_value(mt), "gemma4_audio")))
-    return cm_fail(err, errlen, CM_ERR_UNSUPPORTED,
-                   "config.json: audio_config.model_type is not supported (gemma4_audio)");
+  int rc = tower_type(ac, "audio_config", "gemma4_audio", err, errlen);
+  if (rc) return rc;
   static const char *const acts[] = {"silu", "swish"};
-  int act, rc;
+  int act;
   if ((rc = get_int_to(ac, "hidden_size", 0, 1024, 2, 65536, &a->hidden, err, errlen)) ||
       (rc = get_int_to(ac, "num_hidden_layers", 0, 12, 1, MD_MAX_LAYERS, &a->n_layers, err,
                        errlen)) ||

@@ -6,12 +6,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/cm-assert.h"
 #include "common/cm-err.h"
 #include "common/cm-grow.h"
 #include "model/md-config.h"
@@ -415,6 +417,16 @@ fail:
 const struct md_tensor *md_st_find(const struct md_st *st, const char *name) {
   struct md_tensor key = {.name = name};
   return bsearch(&key, st->t, (size_t)st->n, sizeof(*st->t), cmp_tensor);
+}
+
+const char *md_st_text_prefix(const struct md_st *st) {
+  static const char *prefixes[] = {"model.language_model.", "language_model.model.", "model.", ""};
+  char name[128];
+  for (size_t i = 0; i < CM_ARRAY_LEN(prefixes); i++) {
+    snprintf(name, sizeof(name), "%sembed_tokens.weight", prefixes[i]);
+    if (md_st_find(st, name)) return prefixes[i];
+  }
+  return NULL;
 }
 
 int md_st_count(const struct md_st *st) {

@@ -76,6 +76,11 @@ void md_st_drop_range(struct md_st *st, const void *p, size_t n);
 
 /* The tensor called `name`, or NULL. */
 const struct md_tensor *md_st_find(const struct md_st *st, const char *name);
+/* Where a checkpoint's text stack sits: the first of "model.language_model."
+ * (multimodal), "language_model.model." (older multimodal), "model." (CausalLM)
+ * and "" (a bare text model) under which embed_tokens.weight is found; NULL when
+ * none is. */
+const char *md_st_text_prefix(const struct md_st *st);
 int md_st_count(const struct md_st *st);
 const struct md_tensor *md_st_get(const struct md_st *st, int i); /* sorted by name */
 uint64_t md_st_data_bytes(const struct md_st *st);                /* sum of tensor bytes */

@@ -49,6 +49,21 @@ int md_g4_image_size(int w, int h, int patch, int pool, int max_soft_tokens, int
   return 0;
 }
 
+/* The shape of a resized W x H image under vc (sides multiples of the patch),
+ * its padded sequence max_patches rows long (0: its real patches, no padding). */
+static void image_shape(struct md_g4_image *out, int W, int H, int max_patches,
+                        const struct md_vision_g4_cfg *vc) {
+  memset(out, 0, sizeof(*out));
+  out->width = W;
+  out->height = H;
+  out->grid_w = W / vc->patch;
+  out->grid_h = H / vc->patch;
+  out->n_patches = out->grid_w * out->grid_h;
+  out->max_patches = max_patches ? max_patches : out->n_patches;
+  out->soft_tokens = out->n_patches / (vc->pool * vc->pool);
+  out->patch_dim = vc->patch * vc->patch * 3;
+}
+
 int md_g4_image_plan(struct md_g4_image *out, int w, int h, const struct md_vision_g4_cfg *vc,
                      int max_soft_tokens, char *err, size_t errlen) {
   if (!out || !vc || !vc->present)
@@ -56,15 +71,7 @@ int md_g4_image_plan(struct md_g4_image *out, int w, int h, const struct md_visi
   int budget = max_soft_tokens ? max_soft_tokens : vc->default_tokens;
   int W, H, rc = md_g4_image_size(w, h, vc->patch, vc->pool, budget, &W, &H, err, errlen);
   if (rc) return rc;
-  memset(out, 0, sizeof(*out));
-  out->width = W;
-  out->height = H;
-  out->grid_w = W / vc->patch;
-  out->grid_h = H / vc->patch;
-  out->n_patches = out->grid_w * out->grid_h;
-  out->max_patches = budget * vc->pool * vc->pool;
-  out->soft_tokens = out->n_patches / (vc->pool * vc->pool);
-  out->patch_dim = vc->patch * vc->patch * 3;
+  image_shape(out, W, H, budget * vc->pool * vc->pool, vc);
   /* the tower looks positions up in tables of pos_size rows */
   if (out->grid_w > vc->pos_size || out->grid_h > vc->pos_size)
     return cm_fail(err, errlen, CM_ERR_RANGE,
@@ -126,15 +133,7 @@ int md_g4_image_patches(float *pixels, int32_t *pos, struct md_g4_image *info, c
                    "image patches: a %d x %d image is not a resized one (sides multiples of %d, "
                    "at most %d soft tokens)",
                    w, h, side, MD_G4_MAX_SOFT_TOKENS);
-  memset(info, 0, sizeof(*info));
-  info->width = w;
-  info->height = h;
-  info->grid_w = w / vc->patch;
-  info->grid_h = h / vc->patch;
-  info->n_patches = info->grid_w * info->grid_h;
-  info->max_patches = info->n_patches;
-  info->soft_tokens = info->n_patches / (vc->pool * vc->pool);
-  info->patch_dim = vc->patch * vc->patch * 3;
+  image_shape(info, w, h, 0, vc);
   patchify(pixels, pos, info, img, vc->patch);
   return 0;
 }

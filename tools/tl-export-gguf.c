@@ -333,17 +333,6 @@ static int plan_add(struct gg_plan *p, const char *gname, const char *hname, int
   return plan_add_nd(p, gname, hname, 0, rows, cols, what, layer, tied);
 }
 
-/* "model.language_model." (multimodal), "model." (CausalLM) or "". */
-static const char *hf_prefix(const struct md_st *st) {
-  static const char *prefixes[] = {"model.language_model.", "language_model.model.", "model.", ""};
-  char name[96];
-  for (size_t i = 0; i < CM_ARRAY_LEN(prefixes); i++) {
-    snprintf(name, sizeof(name), "%sembed_tokens.weight", prefixes[i]);
-    if (md_st_find(st, name)) return prefixes[i];
-  }
-  return NULL;
-}
-
 /* Gemma 4's tensors under llama.cpp's names (gguf-py's tensor_mapping.py;
  * src/models/gemma4.cpp's load_arch_tensors): the per-layer-embedding set,
  * rope_freqs for the full layers' proportional RoPE, per layer as Gemma 3's
@@ -457,7 +446,7 @@ static int plan_gemma4(struct gg_plan *p, const struct md_config *c, const char 
 }
 
 static int plan_model(struct gg_plan *p, const struct md_config *c) {
-  const char *P = hf_prefix(p->st);
+  const char *P = md_st_text_prefix(p->st);
   if (!P) return cm_fail(p->err, p->errlen, CM_ERR_NOENT, "checkpoint has no embed_tokens.weight");
   char h[160], g[64];
   int H = c->hidden, D = c->head_dim, rc;

@@ -541,18 +541,6 @@ static const float *bind_vec(struct binder *b, int required, int64_t n, const ch
   return dev;
 }
 
-/* "model.language_model." (multimodal), "language_model.model." (older
- * multimodal), "model." (CausalLM) or "" (bare text model). */
-static const char *find_prefix(const struct md_st *st) {
-  static const char *prefixes[] = {"model.language_model.", "language_model.model.", "model.", ""};
-  char name[128];
-  for (size_t i = 0; i < CM_ARRAY_LEN(prefixes); i++) {
-    snprintf(name, sizeof(name), "%sembed_tokens.weight", prefixes[i]);
-    if (md_st_find(st, name)) return prefixes[i];
-  }
-  return NULL;
-}
-
 static float round_to(enum kn_dtype dt, double v) {
   if (dt == KN_DTYPE_BF16) return kn_bf16_to_f32(kn_f32_to_bf16((float)v));
   if (dt == KN_DTYPE_F16) return kn_f16_to_f32(kn_f32_to_f16((float)v));
@@ -564,7 +552,7 @@ static int bind_all(struct wk_model *m, char *err, size_t errlen) {
   const struct wk_shard_plan *sp = &m->plan;
   struct binder b = {
       .m = m, .err = err, .errlen = errlen, .quant = m->quant_fp8, .blockq = m->quant_block};
-  const char *P = find_prefix(m->st);
+  const char *P = md_st_text_prefix(m->st);
   if (!P)
     return cm_fail(err, errlen, CM_ERR_NOENT,
                    "%s: no embed_tokens.weight under model.language_model., model. or the root",
@@ -871,7 +859,7 @@ static void finish_weights(struct wk_model *m) {
  * positive; this rank keeps its kv heads' (wk_layer_w.k_scale / v_scale). */
 static int bind_kv_scales(struct wk_model *m, char *err, size_t errlen) {
   const struct md_config *c = &m->full;
-  const char *P = find_prefix(m->st);
+  const char *P = md_st_text_prefix(m->st);
   for (int i = 0; i < c->n_layers && P; i++) {
     const struct md_layer_cfg *l = &c->layers[i];
     if (l->kv_shared) continue;
@@ -1107,7 +1095,7 @@ static int down_unit(const struct wk_model *m, int world, const char *name, int 
 /* Those widths for each layer's MLP and for the experts. */
 static void ffn_units(const struct wk_model *m, int world, struct wk_shard_units *u) {
   const struct md_config *c = &m->full;
-  const char *P = world > 1 ? find_prefix(m->st) : NULL;
+  const char *P = world > 1 ? md_st_text_prefix(m->st) : NULL;
   char name[200];
   u->moe = 1;
   for (int i = 0; i < c->n_layers; i++) {
