@@ -80,11 +80,14 @@ KN_AVX512 static inline void nibble_idx2(const uint8_t *a, const uint8_t *b, __m
 /* The f32 values of the integers 0..15 (less `off`) by their low four bits of
  * each lane of n: one permutation in place of a mask, a subtraction and a
  * conversion, with the same values (exact integers). */
+/* The f32 values of the integers 0..15 less off, a nibble's (nibble_f32's table). */
+KN_AVX512 static inline __m512 nibble_table(int off) {
+  return _mm512_sub_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                       _mm512_set1_ps((float)off));
+}
+
 KN_AVX512 static inline __m512 nibble_f32(__m512i n, int off) {
-  const __m512 t =
-      _mm512_sub_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                    _mm512_set1_ps((float)off));
-  return _mm512_permutexvar_ps(n, t);
+  return _mm512_permutexvar_ps(n, nibble_table(off));
 }
 
 /* The fifth bits (bit j of each row's qh for element j) as one 64-bit mask:
@@ -111,15 +114,27 @@ deq_q8_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
     v[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(q[i]), d);
 }
 
+/* Q4_0 and IQ4_NL: the value of each of a block's 32 nibbles (its table t
+ * of 16 by permutation) times the block's d. */
 KN_AVX512 static inline __attribute__((always_inline)) void
-deq_q4_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+deq_nib4(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, __m512 t) {
   const uint8_t *a = ra + (size_t)c * 18, *b = rb + (size_t)c * 18;
   __m512 d = two_h16(a, b);
   __m512i n[4];
   nibble_idx2(a + 2, b + 2, n);
   KN_UNROLL4
   for (int i = 0; i < 4; i++)
-    v[i] = _mm512_mul_ps(nibble_f32(n[i], 8), d);
+    v[i] = _mm512_mul_ps(_mm512_permutexvar_ps(n[i], t), d);
+}
+
+/* IQ4_NL's and IQ4_XS's 16 levels as f32, a nibble's value. */
+KN_AVX512 static inline __m512 iq4_table(void) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)kn_iq4_levels)));
+}
+
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q4_0(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  deq_nib4(ra, rb, c, v, nibble_table(8));
 }
 
 KN_AVX512 static inline __attribute__((always_inline)) void
@@ -285,22 +300,9 @@ deq_q3_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   }
 }
 
-/* The IQ4 level of each lane's four low bits, as f32 (one permutation). */
-KN_AVX512 static inline __m512 iq4_f32(__m512i n) {
-  const __m512 t =
-      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)kn_iq4_levels)));
-  return _mm512_permutexvar_ps(n, t);
-}
-
 KN_AVX512 static inline __attribute__((always_inline)) void
 deq_iq4_nl(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
-  const uint8_t *a = ra + (size_t)c * 18, *b = rb + (size_t)c * 18;
-  __m512 d = two_h16(a, b);
-  __m512i n[4];
-  nibble_idx2(a + 2, b + 2, n);
-  KN_UNROLL4
-  for (int i = 0; i < 4; i++)
-    v[i] = _mm512_mul_ps(iq4_f32(n[i]), d);
+  deq_nib4(ra, rb, c, v, iq4_table());
 }
 
 /* IQ4_XS: chunk c % 8 is sub-block c % 8, its scale d * (sc - 32). */
@@ -312,9 +314,10 @@ deq_iq4_xs(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
       two(kn_le_f16(a) * (float)kn_iq4xs_scale(a, s), kn_le_f16(b) * (float)kn_iq4xs_scale(b, s));
   __m512i n[4];
   nibble_idx2(a + 8 + 16 * s, b + 8 + 16 * s, n);
+  const __m512 t = iq4_table();
   KN_UNROLL4
   for (int i = 0; i < 4; i++)
-    v[i] = _mm512_mul_ps(iq4_f32(n[i]), d);
+    v[i] = _mm512_mul_ps(_mm512_permutexvar_ps(n[i], t), d);
 }
 
 KN_AVX512 static inline void put1(float *o, float s, int acc) {

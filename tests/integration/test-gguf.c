@@ -75,6 +75,13 @@ static void need_llamacpp(char *dir) {
   if (why) TH_SKIP(why);
 }
 
+/* need_llamacpp, and its quantizer's library (th_llamacpp_lib). */
+static void need_llamacpp_quantizer(char *dir) {
+  need_llamacpp(dir);
+  const char *no = th_llamacpp_lib();
+  if (no) TH_SKIP(no);
+}
+
 /* llama.cpp's N_GEN greedy ids after each prompt (a JSON array of arrays) into
  * got[n_prompts][N_GEN]; with gaps, at each step how far its top logit lies
  * above the second into gaps[n_prompts][N_GEN]. */
@@ -444,9 +451,7 @@ static int same_blocks(const char *theirs, const char *ours, const char *except,
 TH_TEST(llamacpp_quantizer_writes_what_lmserve_quantize_does) {
   th_proc_init(900);
   char dir[1024], err[512];
-  need_llamacpp(dir);
-  const char *no = th_llamacpp_lib();
-  if (no) TH_SKIP(no);
+  need_llamacpp_quantizer(dir);
   static const struct {
     const char *arch, *preset;
     int moe;
@@ -528,9 +533,7 @@ TH_TEST(llamacpp_quantizer_writes_what_lmserve_quantize_does) {
 TH_TEST(llamacpp_lowbit_files_run_as_in_llamacpp) {
   th_proc_init(900);
   char dir[1024], err[512];
-  need_llamacpp(dir);
-  const char *no = th_llamacpp_lib();
-  if (no) TH_SKIP(no);
+  need_llamacpp_quantizer(dir);
   static const struct {
     const char *preset, *name;
     int ftype;

@@ -436,32 +436,31 @@ def quant(t, x):
     sys.exit("no quantizer for " + t)
 
 
-def ggml_quant(t, x, lib):
-    """Blocks of TYPE t by ggml's quantize_row_<t>_ref in the shared library lib."""
+def ggml_row_fn(lib, fmt, t, src, out, k):
+    """Calls ggml's row function fmt % TYPE t's ggml name (q4_K for q4_k) in the
+    shared library lib on the arrays src and out, k elements; returns out."""
     import ctypes
-    be, bb = BLOCK[t]
-    name = "quantize_row_%s_ref" % (t[:3] + "K" if t.endswith("_k") else t)
-    f = getattr(ctypes.CDLL(lib), name)
+    f = getattr(ctypes.CDLL(lib), fmt % (t[:3] + "K" if t.endswith("_k") else t))
     f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     f.restype = None
-    x = np.ascontiguousarray(x, dtype=F32)
-    out = np.zeros(len(x) // be * bb, dtype=np.uint8)
-    f(x.ctypes.data, out.ctypes.data, len(x))
+    f(src.ctypes.data, out.ctypes.data, k)
     return out
+
+
+def ggml_quant(t, x, lib):
+    """Blocks of TYPE t by ggml's quantize_row_<t>_ref in the shared library lib."""
+    be, bb = BLOCK[t]
+    x = np.ascontiguousarray(x, dtype=F32)
+    return ggml_row_fn(lib, "quantize_row_%s_ref", t, x,
+                       np.zeros(len(x) // be * bb, dtype=np.uint8), len(x))
 
 
 def ggml_deq(t, raw, lib):
     """Values of the blocks raw of TYPE t by ggml's dequantize_row_<t> in lib."""
-    import ctypes
     be, bb = BLOCK[t]
-    name = "dequantize_row_%s" % (t[:3] + "K" if t.endswith("_k") else t)
-    f = getattr(ctypes.CDLL(lib), name)
-    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    f.restype = None
     b = np.frombuffer(raw, dtype=np.uint8).copy()
-    out = np.zeros(len(b) // bb * be, dtype=F32)
-    f(b.ctypes.data, out.ctypes.data, len(out))
-    return out
+    n = len(b) // bb * be
+    return ggml_row_fn(lib, "dequantize_row_%s", t, b, np.zeros(n, dtype=F32), n)
 
 
 def main():

@@ -94,26 +94,32 @@ static void reference(const char *mode, enum kn_dtype dt, const void *in, size_t
   reference_lib(mode, NULL, dt, in, in_bytes, out, out_bytes);
 }
 
-TH_TEST(dequantization_matches_numpy) {
-  kt_seed(3);
+/* Every format's kn_dequant_row, row by row, against reference_lib's mode (lib
+ * as it takes it) on `rows` random rows of 1024 elements, bit for bit. */
+static void check_dequant(const char *mode, const char *lib, int rows) {
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
     enum kn_dtype dt = all[i];
-    int K = 1024, rows = 6;
+    int K = 1024;
     uint8_t *b = rand_blocks(dt, rows, K);
     size_t n = (size_t)rows * K;
     float *got = malloc(n * 4), *want = malloc(n * 4);
     TH_REQUIRE(got && want);
     for (int r = 0; r < rows; r++)
       kn_dequant_row(dt, b + r * kn_row_bytes(dt, (size_t)K), got + (size_t)r * K, (size_t)K);
-    reference("deq", dt, b, (size_t)rows * kn_row_bytes(dt, (size_t)K), want, n * 4);
+    reference_lib(mode, lib, dt, b, (size_t)rows * kn_row_bytes(dt, (size_t)K), want, n * 4);
     size_t bad = 0;
     for (size_t j = 0; j < n; j++)
       bad += memcmp(&got[j], &want[j], 4) != 0;
     if (bad)
-      th_fail(__FILE__, __LINE__, "%s: %zu of %zu values differ (first: %g vs %g)",
+      th_fail(__FILE__, __LINE__, "%s %s: %zu of %zu values differ (first: %g vs %g)", mode,
               kn_dtype_name(dt), bad, n, (double)got[0], (double)want[0]);
     free(b), free(got), free(want);
   }
+}
+
+TH_TEST(dequantization_matches_numpy) {
+  kt_seed(3);
+  check_dequant("deq", NULL, 6);
 }
 
 TH_TEST(quantization_matches_numpy) {
@@ -181,23 +187,7 @@ TH_TEST(dequantization_matches_libggml) {
   char lib[1400];
   need_libggml(lib, "the dequantizations were");
   kt_seed(9);
-  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
-    enum kn_dtype dt = all[i];
-    int K = 1024, rows = 3;
-    uint8_t *b = rand_blocks(dt, rows, K);
-    size_t n = (size_t)rows * K;
-    float *got = malloc(n * 4), *want = malloc(n * 4);
-    TH_REQUIRE(got && want);
-    kn_dequant_row(dt, b, got, n);
-    reference_lib("ggmldeq", lib, dt, b, (size_t)rows * kn_row_bytes(dt, (size_t)K), want, n * 4);
-    size_t bad = 0;
-    for (size_t j = 0; j < n; j++)
-      bad += memcmp(&got[j], &want[j], 4) != 0;
-    if (bad)
-      th_fail(__FILE__, __LINE__, "%s: %zu of %zu values differ from ggml's", kn_dtype_name(dt),
-              bad, n);
-    free(b), free(got), free(want);
-  }
+  check_dequant("ggmldeq", lib, 3);
 }
 
 /* Every quantizer against ggml's own (quantize_row_*_ref of the libggml-base.so
