@@ -6,9 +6,10 @@
  * blocks, 512 and 256 of its 768 columns, as the file's is); a cut that
  * cannot fall on Q4_K's blocks at load as Q5_0; the refusals (a GGUF file, a
  * file's cut with fewer blocks than ranks, a backend without block kernels, an
- * unknown name). The checkpoint is the k256 preset with 768 MLP columns, whose
- * rows are whole 256-blocks, so Q4_K is Q4_K; the tiny preset's are not, and
- * there q4_k falls back to Q5_0 as the file does. */
+ * unknown name); and a file of llama.cpp's IQ4_XS cut by two ranks, and refused by a
+ * backend without KN_CAP_BLOCK_LOWBIT. The checkpoint is the k256 preset with 768 MLP columns,
+ * whose rows are whole 256-blocks, so Q4_K is Q4_K; the tiny preset's are not, and there q4_k falls
+ * back to Q5_0 as the file does. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "common/cm-err.h"
 #include "kernels/cpu/kn-cpu.h"
 #include "kernels/kn-backend-impl.h"
+#include "tests/harness/th-llamacpp.h"
 #include "tests/harness/th.h"
 #include "tests/unit/worker/wk-test-util.h"
 #include "worker/wk-model-impl.h"
@@ -227,6 +229,51 @@ TH_TEST(quantization_refusals_are_clear) {
   TH_CHECK_EQ_INT(q, WK_QUANT_Q4_K);
   TH_CHECK_EQ_INT(wk_quantization_parse("q3_k", &q, err, sizeof(err)), CM_ERR_INVAL);
   TH_CHECK(strstr(err, "q3_k") && strstr(err, "q8_0, q4_0, q4_k"));
+  kn_backend_destroy(be);
+  wkt_rmdir(dir);
+}
+
+/* A file of llama.cpp's IQ4_XS (its quantizer, from the k256 preset's f32
+ * export: rows of whole 256-blocks, the MLP's 768 columns three blocks): two
+ * tensor-parallel ranks cut its matrices along whole blocks (the down
+ * projection's columns 512 and 256, as Q4_K's), and a backend without
+ * KN_CAP_BLOCK_LOWBIT (CUDA's) refuses it at load, naming the tensor's type. */
+TH_TEST(llamacpp_iq4_xs_file_cut_and_refused) {
+  const char *no = th_llamacpp_lib();
+  if (no) TH_SKIP(no);
+  char dir[256], f32[300], q[300], err[512] = "";
+  struct tl_tiny_opts to = {.arch = "gemma3", .preset = "k256", .vocab = 512, .ffn = 768};
+  wkt_make_tiny(dir, sizeof(dir), &to, 7, MD_ST_BF16);
+  snprintf(f32, sizeof(f32), "%s/f32.gguf", dir);
+  snprintf(q, sizeof(q), "%s/iq4_xs.gguf", dir);
+  wkt_lmserve("export-gguf", "--model", dir, "--out", f32, "--dtype", "f32");
+  if (th_llamacpp_quantize(f32, q, TH_LLAMA_FTYPE_IQ4_XS, err, sizeof(err))) {
+    th_fail(__FILE__, __LINE__, "%s", err);
+    wkt_rmdir(dir);
+    return;
+  }
+  struct kn_backend *be = wkt_cpu_backend(1);
+  for (int rank = 0; rank < 2; rank++) {
+    struct wk_model_opts o = wkt_small_opts(0);
+    o.tp_rank = rank;
+    o.tp_size = 2;
+    struct wk_model *m = NULL;
+    if (wk_model_load(q, be, &o, &m, err, sizeof(err))) {
+      th_fail(__FILE__, __LINE__, "rank %d: %s", rank, err);
+      continue;
+    }
+    TH_CHECK_EQ_INT(m->layers[0].w_gate.dt, KN_DTYPE_IQ4_XS);
+    TH_CHECK_EQ_INT(m->layers[0].w_down.dt, KN_DTYPE_IQ4_XS);
+    TH_CHECK_EQ_INT(m->layers[0].w_down.cols, rank ? 256 : 512);
+    wk_model_free(m);
+  }
+  be->caps &= ~(unsigned)KN_CAP_BLOCK_LOWBIT;
+  struct wk_model_opts o = wkt_small_opts(0);
+  struct wk_model *m = NULL;
+  err[0] = 0;
+  TH_CHECK_EQ_INT(wk_model_load(q, be, &o, &m, err, sizeof(err)), CM_ERR_UNSUPPORTED);
+  TH_CHECK(strstr(err, "is iq4_xs") && strstr(err, "no kernels for q3_k, iq4_nl and iq4_xs"));
+  be->caps |= KN_CAP_BLOCK_LOWBIT;
   kn_backend_destroy(be);
   wkt_rmdir(dir);
 }
