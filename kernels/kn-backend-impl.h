@@ -176,11 +176,13 @@ static inline int kn__valid_weight_dtype(enum kn_dtype dt) {
 }
 
 /* A weight a matmul or an embedding may take on be: the element types, or one
- * of the block formats (kn-quant.h) where be has KN_CAP_BLOCK_WEIGHTS and the
- * rows (K elements) are whole blocks. 0, CM_ERR_UNSUPPORTED or CM_ERR_INVAL. */
+ * of the block formats (kn-quant.h) where be has KN_CAP_BLOCK_WEIGHTS (and
+ * KN_CAP_BLOCK_LOWBIT for those of kn_dtype_lowbit) and the rows (K elements)
+ * are whole blocks. 0, CM_ERR_UNSUPPORTED or CM_ERR_INVAL. */
 static inline int kn__check_matmul_dtype(const struct kn_backend *be, enum kn_dtype dt, int K) {
   if (kn__valid_weight_dtype(dt)) return 0;
   if (!kn_block_elems(dt) || !(be->caps & KN_CAP_BLOCK_WEIGHTS)) return CM_ERR_UNSUPPORTED;
+  if (kn_dtype_lowbit(dt) && !(be->caps & KN_CAP_BLOCK_LOWBIT)) return CM_ERR_UNSUPPORTED;
   if (kn_dtype_x16(dt) && !be->ops->weights_prepare) return CM_ERR_UNSUPPORTED; /* not its own */
   return K % kn_block_elems(dt) ? CM_ERR_INVAL : 0;
 }

@@ -75,9 +75,9 @@ enum kn_backend_cap {
    * their check when it is made (kn_block_check) goes without it, though
    * its registry entry announces it. */
   KN_CAP_BLOCK_WEIGHTS = 1u << 3,
-  /* The block formats llama.cpp's 3-bit and non-linear files add (Q3_K,
-   * IQ4_NL, IQ4_XS: kn_dtype_lowbit) as KN_CAP_BLOCK_WEIGHTS has the others;
-   * the CPU's. */
+  /* The block formats llama.cpp's 2- and 3-bit and non-linear files add
+   * (Q3_K, IQ4_NL, IQ4_XS, Q2_K: kn_dtype_lowbit) as KN_CAP_BLOCK_WEIGHTS has
+   * the others; the CPU's. */
   KN_CAP_BLOCK_LOWBIT = 1u << 4,
 };
 

@@ -36,12 +36,13 @@ enum kn_dtype {
   KN_DTYPE_Q5_K_X16 = 17,
   KN_DTYPE_Q4_1_X16 = 18,
   KN_DTYPE_Q5_1_X16 = 19,
-  /* more of ggml's block formats, read from llama.cpp's files (Q3_K_S/M/L, IQ4_NL,
-   * IQ4_XS): f32 inputs in every mode, on the CPU (KN_CAP_BLOCK_LOWBIT) */
+  /* more of ggml's block formats, read from llama.cpp's files (Q2_K, Q3_K_S/M/L,
+   * IQ4_NL, IQ4_XS): f32 inputs in every mode, on the CPU (KN_CAP_BLOCK_LOWBIT) */
   KN_DTYPE_Q3_K = 20,
   KN_DTYPE_IQ4_NL = 21,
   KN_DTYPE_IQ4_XS = 22,
-  KN_DTYPE__COUNT = 23,
+  KN_DTYPE_Q2_K = 23,
+  KN_DTYPE__COUNT = 24,
 };
 
 /* Bytes per element; 0 for an unknown value and for the block formats
@@ -81,6 +82,7 @@ static inline const char *kn_dtype_name(enum kn_dtype dt) {
   case KN_DTYPE_Q3_K: return "q3_k";
   case KN_DTYPE_IQ4_NL: return "iq4_nl";
   case KN_DTYPE_IQ4_XS: return "iq4_xs";
+  case KN_DTYPE_Q2_K: return "q2_k";
   default: return "?";
   }
 }
@@ -106,7 +108,8 @@ static inline int kn_block_elems(enum kn_dtype dt) {
   case KN_DTYPE_Q5_K_X16:
   case KN_DTYPE_Q6_K_X16:
   case KN_DTYPE_Q3_K:
-  case KN_DTYPE_IQ4_XS: return 256;
+  case KN_DTYPE_IQ4_XS:
+  case KN_DTYPE_Q2_K: return 256;
   default: return 0;
   }
 }
@@ -132,6 +135,7 @@ static inline size_t kn_block_bytes(enum kn_dtype dt) {
   case KN_DTYPE_Q3_K: return 110;
   case KN_DTYPE_IQ4_NL: return 18;
   case KN_DTYPE_IQ4_XS: return 136;
+  case KN_DTYPE_Q2_K: return 84;
   default: return 0;
   }
 }
@@ -152,8 +156,8 @@ static inline enum kn_dtype kn_dtype_rows_of(enum kn_dtype dt) {
 }
 
 /* The rows-interleaved layout of dt's rows (KN_DTYPE_Q8_0_X16 for Q8_0,
- * _Q4_1_X16 and so on: every block format has one), KN_DTYPE__COUNT for the other
- * dtypes. */
+ * _Q4_1_X16 and so on: Q8_0 .. Q6_K have one), KN_DTYPE__COUNT for the other
+ * dtypes (those of kn_dtype_lowbit included). */
 static inline enum kn_dtype kn_dtype_x16_of(enum kn_dtype dt) {
   switch (dt) {
   case KN_DTYPE_Q8_0: return KN_DTYPE_Q8_0_X16;
@@ -168,9 +172,9 @@ static inline enum kn_dtype kn_dtype_x16_of(enum kn_dtype dt) {
   }
 }
 
-/* Whether dt is one of the block formats of KN_CAP_BLOCK_LOWBIT (Q3_K, IQ4_NL, IQ4_XS). */
+/* Whether dt is one of the block formats of KN_CAP_BLOCK_LOWBIT (Q3_K, IQ4_NL, IQ4_XS, Q2_K). */
 static inline int kn_dtype_lowbit(enum kn_dtype dt) {
-  return dt >= KN_DTYPE_Q3_K && dt <= KN_DTYPE_IQ4_XS;
+  return dt >= KN_DTYPE_Q3_K && dt <= KN_DTYPE_Q2_K;
 }
 
 /* Whether dt is a rows-interleaved layout (KN_DTYPE_Q8_0_X16 .. _Q5_1_X16). */

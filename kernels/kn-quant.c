@@ -89,6 +89,20 @@ static void block_q3_k(const uint8_t *b, float *y) {
   }
 }
 
+/* Q2_K's super-block at b (kn-quant.h's layout). */
+static void block_q2_k(const uint8_t *b, float *y) {
+  const float d = kn_le_f16(b + 80), dmin = kn_le_f16(b + 82);
+  for (int c = 0; c < 8; c++) {
+    const uint8_t *q = b + 16 + 32 * (c / 4);
+    for (int k = 0; k < 2; k++) {
+      const int sc = b[2 * c + k];
+      const float dl = d * (float)(sc & 0xF), ml = dmin * (float)(sc >> 4);
+      for (int l = 16 * k; l < 16 * k + 16; l++)
+        y[32 * c + l] = dl * (float)((q[l] >> 2 * (c % 4)) & 3) - ml;
+    }
+  }
+}
+
 /* 32 IQ4 levels of the 16 bytes q (Q4_0's nibble order) times dl. */
 static void iq4_levels(const uint8_t *q, float dl, float *y) {
   for (int j = 0; j < 16; j++) {
@@ -152,6 +166,7 @@ void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K) {
     case KN_DTYPE_Q5_K: block_q4_k(b, dst, 1); break;
     case KN_DTYPE_Q6_K: block_q6_k(b, dst); break;
     case KN_DTYPE_Q3_K: block_q3_k(b, dst); break;
+    case KN_DTYPE_Q2_K: block_q2_k(b, dst); break;
     case KN_DTYPE_IQ4_NL: iq4_levels(b + 2, kn_le_f16(b), dst); break;
     case KN_DTYPE_IQ4_XS:
       for (int j = 0; j < 8; j++)

@@ -1,8 +1,8 @@
 /* kn-quant.h — ggml's block formats (GGUF files' Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q4_K, Q5_K, Q6_K, and Q3_K, IQ4_NL, IQ4_XS): the reference dequantization of a row, which
- * defines what every kernel computes (the dequantized value, in f32, then the
- * f32 arithmetic of an f32 weight), and the quantization of a row for the
- * formats --quantization and lmserve quantize make.
+ * Q5_1, Q4_K, Q5_K, Q6_K, and Q3_K, IQ4_NL, IQ4_XS, Q2_K): the reference dequantization of a row,
+ * which defines what every kernel computes (the dequantized value, in f32, then the f32 arithmetic
+ * of an f32 weight), and the quantization of a row for the formats --quantization and lmserve
+ * quantize make.
  *
  * Layouts (little-endian, f16 scales):
  *   Q8_0  32 elements, 34 bytes: d, int8 q[32]              x = d * q
@@ -26,7 +26,10 @@
  *   IQ4_XS 256, 136: d, sh (u16), sl[4], q[128]: sub-block j of 32 (its 16
  *         bytes of q as Q4_0's) has the 6-bit scale sl's nibble j (low for j
  *         even) under sh's bits 2 j, 2 j + 1    x = (d * (sc - 32)) * levels[q]
- * The last three are read, not written (kn_quantize_row refuses them). */
+ *   Q2_K  256, 84: scales[16] (a 4-bit scale under a 4-bit min), q[64] (2
+ *         bits each, as Q3_K's), d, dmin: sub-block j of 16 (chunk c of 32 as
+ *         Q3_K's, without hmask)                x = (d * sc) * q - dmin * mn
+ * The last four are read, not written (kn_quantize_row refuses them). */
 #ifndef LMSERVE_KN_QUANT_H
 #define LMSERVE_KN_QUANT_H
 #include <stddef.h>

@@ -38,10 +38,10 @@ struct md_st {
 };
 
 const char *md_st_dtype_name(enum md_st_dtype dt) {
-  static const char *names[] = {"F32",  "F16",  "BF16", "I64",  "I32",    "F8_E4M3",
-                                "?",    "Q8_0", "Q4_0", "Q4_1", "Q5_0",   "Q5_1",
-                                "Q4_K", "Q5_K", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS"};
-  return (unsigned)dt <= MD_ST_IQ4_XS ? names[dt] : "?";
+  static const char *names[] = {"F32",  "F16",  "BF16",   "I64",    "I32",  "F8_E4M3", "?",
+                                "Q8_0", "Q4_0", "Q4_1",   "Q5_0",   "Q5_1", "Q4_K",    "Q5_K",
+                                "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS", "Q2_K"};
+  return (unsigned)dt <= MD_ST_Q2_K ? names[dt] : "?";
 }
 
 size_t md_st_dtype_size(enum md_st_dtype dt) {

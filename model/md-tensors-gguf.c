@@ -283,6 +283,7 @@ static enum md_st_dtype st_dtype(uint32_t t) {
   case MD_GGML_Q3_K: return MD_ST_Q3_K;
   case MD_GGML_IQ4_NL: return MD_ST_IQ4_NL;
   case MD_GGML_IQ4_XS: return MD_ST_IQ4_XS;
+  case MD_GGML_Q2_K: return MD_ST_Q2_K;
   default: return MD_ST_OTHER;
   }
 }

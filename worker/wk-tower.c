@@ -103,7 +103,7 @@ static const struct md_tensor *tensor_of(struct wk_tower_binder *b, const char *
                     "%s: tensor %s has shape [%s], the config says [%s]", b->what, name, got, want);
     return NULL;
   }
-  if (blocks && t->dtype >= MD_ST_Q8_0 && t->dtype <= MD_ST_IQ4_XS) {
+  if (blocks && t->dtype >= MD_ST_Q8_0 && t->dtype <= MD_ST_Q2_K) {
     const enum kn_dtype dt = wk_weight_dtype(t);
     int be = kn_block_elems(dt);
     const unsigned need =

@@ -307,7 +307,8 @@ void kn_cpu_dsp_init_quant_avx2(struct kn_cpu_dsp *dsp);
   X(q6_k, KN_DTYPE_Q6_K)                                                                           \
   X(q3_k, KN_DTYPE_Q3_K)                                                                           \
   X(iq4_nl, KN_DTYPE_IQ4_NL)                                                                       \
-  X(iq4_xs, KN_DTYPE_IQ4_XS)
+  X(iq4_xs, KN_DTYPE_IQ4_XS)                                                                       \
+  X(q2_k, KN_DTYPE_Q2_K)
 /* Those matvecs by dtype (NULL where none). */
 extern const kn_cpu_dot_fn kn_cpu_qmv_avx2[KN_DTYPE__COUNT];
 /* The same bits two rows to a 512-bit register (kn-cpu-quant-avx512.c; needs

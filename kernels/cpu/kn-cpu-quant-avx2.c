@@ -41,8 +41,8 @@ KN_AVX2 static inline __m256 scaled_off(__m256i q, __m256 d, __m256 m) {
 }
 
 /* Chunk c (elements 32c .. 32c + 31) of a row, dequantized into v[4]. The
- * K-quants keep their super-block's scales in st[16] from its first chunk on
- * (chunks come in order); the other formats leave st alone. */
+ * K-quants keep their super-block's scales in st[32] (Q2_K its 16 scales, then its 16 mins) from
+ * its first chunk on (chunks come in order); the other formats leave st alone. */
 typedef void (*deq32_fn)(const uint8_t *row, int c, __m256 *v, float *st);
 
 KN_AVX2 static inline __attribute__((always_inline)) void deq_q8_0(const uint8_t *row, int c,
@@ -207,6 +207,31 @@ KN_AVX2 static inline __attribute__((always_inline)) void deq_q3_k(const uint8_t
   }
 }
 
+/* Q2_K: chunk c % 8 is the 2-bit field 2 (c % 4) of the 32 bytes of half
+ * (c % 8) / 4; vectors 0 and 1 take one 16-element scale and min, 2 and 3 the
+ * next, st[32] the super-block's d * sc and dmin * mn from its first chunk on. */
+KN_AVX2 static inline __attribute__((always_inline)) void deq_q2_k(const uint8_t *row, int c,
+                                                                   __m256 *v, float *st) {
+  const uint8_t *b = row + (size_t)(c >> 3) * 84;
+  const int s = c & 7;
+  if (s == 0) {
+    const float d = h16(b + 80), dmin = h16(b + 82);
+    for (int j = 0; j < 16; j++) {
+      st[j] = d * (float)(b[j] & 0xF);
+      st[16 + j] = dmin * (float)(b[j] >> 4);
+    }
+  }
+  const uint8_t *q = b + 16 + 32 * (s >> 2);
+  const __m128i sh = _mm_cvtsi32_si128(2 * (s & 3));
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++) {
+    __m256i x = _mm256_and_si256(_mm256_srl_epi32(u8x8(q + 8 * i), sh), _mm256_set1_epi32(3));
+    const int j = 2 * s + i / 2;
+    v[i] = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(st[j]), _mm256_cvtepi32_ps(x)),
+                         _mm256_set1_ps(st[16 + j]));
+  }
+}
+
 /* The IQ4 levels of the 16 bytes q (elements 0..15 the low nibbles, 16..31
  * the high ones) as 32 signed bytes. */
 KN_AVX2 static inline __m256i iq4_bytes(const uint8_t *q) {
@@ -255,7 +280,7 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
   for (; j + 4 <= n; j += 4) {
     if (T <= 2) kn_avx2_qmv_prefetch(&pf, w + (size_t)(j + 4) * row_bytes, end);
     const uint8_t *r[4];
-    float st[4][16];
+    float st[4][32];
     KN_UNROLL4
     for (int i = 0; i < 4; i++)
       r[i] = w + (size_t)(j + i) * row_bytes;
@@ -303,7 +328,7 @@ qmatvec(deq32_fn deq, float *out, ptrdiff_t ldo, const float *in, ptrdiff_t ldi,
   }
   for (; j < n; j++) {
     const uint8_t *r0 = w + (size_t)j * row_bytes;
-    float st[1][16];
+    float st[1][32];
     for (int t = 0; t < T; t++) {
       const float *x = in + (ptrdiff_t)t * ldi;
       __m256 a0 = _mm256_setzero_ps();
@@ -332,7 +357,7 @@ KN_CPU_QMV_FORMATS(DEF_QMV)
 #define DEF_DEQ_ROWS(SUF, DT)                                                                      \
   KN_AVX2 static void deq_rows_##SUF(float *dst, const void *w, int K, int n) {                    \
     const size_t rb = kn_row_bytes(DT, (size_t)K);                                                 \
-    float st[16];                                                                                  \
+    float st[32];                                                                                  \
     for (int j = 0; j < n; j++) {                                                                  \
       const uint8_t *r = (const uint8_t *)w + (size_t)j * rb;                                      \
       float *o = dst + (size_t)j * (size_t)K;                                                      \

@@ -98,8 +98,8 @@ KN_AVX512 static inline uint64_t bit5_2(uint32_t qa, uint32_t qb) {
 }
 
 /* Chunk c (elements 32c .. 32c + 31) of rows a and b, dequantized into v[4].
- * The K-quants keep their super-block's scales in st[32] from its first chunk
- * on (chunks come in order); the other formats leave st alone. */
+ * The K-quants keep their super-block's scales in st[64] (Q2_K its scales, then its mins) from its
+ * first chunk on (chunks come in order); the other formats leave st alone. */
 typedef void (*deq2_fn)(const uint8_t *a, const uint8_t *b, int c, __m512 *v, float *st);
 
 KN_AVX512 static inline __attribute__((always_inline)) void
@@ -300,6 +300,39 @@ deq_q3_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   }
 }
 
+/* Q2_K: chunk c % 8 is the 2-bit field 2 (c % 4) of the 32 bytes of half
+ * (c % 8) / 4; vectors 0 and 1 take one 16-element scale and min, 2 and 3 the
+ * next. At a super-block's first chunk, st gets its 16 d * sc (row a's, then
+ * row b's) and its 16 dmin * mn (the same, from st + 32). */
+KN_AVX512 static inline __attribute__((always_inline)) void
+deq_q2_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
+  const uint8_t *a = ra + (size_t)(c >> 3) * 84, *b = rb + (size_t)(c >> 3) * 84;
+  const int s = c & 7;
+  if (s == 0) {
+    const uint8_t *r2[2] = {a, b};
+    for (int r = 0; r < 2; r++) {
+      const float d = kn_le_f16(r2[r] + 80), dmin = kn_le_f16(r2[r] + 82);
+      for (int j = 0; j < 16; j++) {
+        st[16 * r + j] = d * (float)(r2[r][j] & 0xF);
+        st[32 + 16 * r + j] = dmin * (float)(r2[r][j] >> 4);
+      }
+    }
+  }
+  const size_t q = 16 + 32 * (size_t)(s >> 2);
+  __m512i x[4];
+  bytes2(a + q, b + q, 0, &x[0], &x[1]);
+  bytes2(a + q + 16, b + q + 16, 0, &x[2], &x[3]);
+  const __m128i sh = _mm_cvtsi32_si128(2 * (s & 3));
+  const int k = 2 * s;
+  const __m512 ds[2] = {two(st[k], st[16 + k]), two(st[k + 1], st[17 + k])};
+  const __m512 ms[2] = {two(st[32 + k], st[48 + k]), two(st[33 + k], st[49 + k])};
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++) {
+    __m512i l = _mm512_and_si512(_mm512_srl_epi32(x[i], sh), _mm512_set1_epi32(3));
+    v[i] = _mm512_sub_ps(_mm512_mul_ps(ds[i / 2], _mm512_cvtepi32_ps(l)), ms[i / 2]);
+  }
+}
+
 KN_AVX512 static inline __attribute__((always_inline)) void
 deq_iq4_nl(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   deq_nib4(ra, rb, c, v, iq4_table());
@@ -337,7 +370,7 @@ qmatvec(deq2_fn deq, kn_cpu_dot_fn tail, float *out, ptrdiff_t ldo, const float 
     if (T <= 2) kn_avx2_qmv_prefetch(&pf, w + (size_t)(j + 4) * row_bytes, end);
     const uint8_t *r0 = w + (size_t)j * row_bytes, *r1 = r0 + row_bytes, *r2 = r1 + row_bytes,
                   *r3 = r2 + row_bytes;
-    float st[2][32];
+    float st[2][64];
     int t = 0;
     for (; t + 2 <= T; t += 2) {
       const float *x = in + (ptrdiff_t)t * ldi, *y = x + ldi;

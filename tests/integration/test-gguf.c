@@ -523,9 +523,9 @@ TH_TEST(llamacpp_quantizer_writes_what_lmserve_quantize_does) {
   th_out_free(&o);
 }
 
-/* llama.cpp's 3-bit and non-linear 4-bit files (its quantizer's Q3_K_M, IQ4_XS
- * and IQ4_NL, which lmserve quantize does not write) load and run as in
- * llama.cpp: the Q3_K, IQ4_XS and IQ4_NL tensors are in the files (IQ4_XS on
+/* llama.cpp's 2- and 3-bit and non-linear 4-bit files (its quantizer's Q3_K_M,
+ * IQ4_XS, IQ4_NL and Q2_K, which lmserve quantize does not write) load and run as
+ * in llama.cpp: the Q3_K, IQ4_XS, IQ4_NL and Q2_K tensors are in the files (IQ4_XS on
  * rows of 64, Gemma 3's tiny preset, falls back to IQ4_NL, as llama.cpp does
  * where rows are not whole 256-blocks), and lmserve's greedy tokens, in the
  * default mode and in the q8 mode, are llama.cpp's up to a near-tie of its
@@ -541,6 +541,7 @@ TH_TEST(llamacpp_lowbit_files_run_as_in_llamacpp) {
   } cases[] = {{"k256", "q3_k_m", TH_LLAMA_FTYPE_Q3_K_M, MD_GGML_Q3_K},
                {"k256", "iq4_xs", TH_LLAMA_FTYPE_IQ4_XS, MD_GGML_IQ4_XS},
                {"k256", "iq4_nl", TH_LLAMA_FTYPE_IQ4_NL, MD_GGML_IQ4_NL},
+               {"k256", "q2_k", TH_LLAMA_FTYPE_Q2_K, MD_GGML_Q2_K},
                {"tiny", "iq4_xs", TH_LLAMA_FTYPE_IQ4_XS, MD_GGML_IQ4_NL}};
   static const char *prompts[] = {"[2,651,1234,99,5000]",
                                   "[2,7000,7001,7002,8000,123,4567,10,11,12]"};

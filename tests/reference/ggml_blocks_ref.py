@@ -7,8 +7,8 @@
                                            in LIB (a libggml-base.so): the outside check
     ggml_blocks_ref.py ggmldeq TYPE IN OUT LIB deq by ggml's own dequantize_row_* in LIB
 
-TYPE: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k, and for deq also q3_k, iq4_nl and
-iq4_xs (read from llama.cpp's files, not written here). The arithmetic is float32 in
+TYPE: q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k, and for deq also q3_k, iq4_nl,
+iq4_xs and q2_k (read from llama.cpp's files, not written here). The arithmetic is float32 in
 ggml's reference order (a scale times an integer, then the offset), so the
 values are bit-exact; quantization rounds as ggml's reference quantizers do
 (roundf: half away from zero; float -> int casts truncate; the K-quants'
@@ -23,7 +23,7 @@ import numpy as np
 F32 = np.float32
 BLOCK = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22),
          "q5_1": (32, 24), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210),
-         "q3_k": (256, 110), "iq4_nl": (32, 18), "iq4_xs": (256, 136)}
+         "q3_k": (256, 110), "iq4_nl": (32, 18), "iq4_xs": (256, 136), "q2_k": (256, 84)}
 # IQ4_NL's and IQ4_XS's 16 levels, a nibble's value (ggml-common.h's kvalues_iq4nl)
 IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
                       dtype=np.int64)
@@ -134,6 +134,20 @@ def deq(t, raw):
                 dl = d * (sc[:, 2 * c + k] - 32).astype(F32)
                 y[:, 32 * c + 16 * k:32 * c + 16 * k + 16] = \
                     dl[:, None] * lv[:, 16 * k:16 * k + 16].astype(F32)
+    elif t == "q2_k":
+        # scales[16] (4-bit scale | 4-bit min << 4), qs[64] as q3_k's, d, dmin: sub-block
+        # j of 16 is (d * scale_j) * its 2 bits - dmin * min_j
+        sc, q = b[:, :16].astype(np.int64), b[:, 16:80].astype(np.int64)
+        d, dmin = f16(b, 80), f16(b, 82)
+        for c in range(8):
+            h, s = c // 4, 2 * (c % 4)
+            lv = (q[:, 32 * h:32 * h + 32] >> s) & 3
+            for k in range(2):
+                j = 2 * c + k
+                dl = d * (sc[:, j] & 0xF).astype(F32)
+                ml = dmin * (sc[:, j] >> 4).astype(F32)
+                y[:, 32 * c + 16 * k:32 * c + 16 * k + 16] = \
+                    dl[:, None] * lv[:, 16 * k:16 * k + 16].astype(F32) - ml[:, None]
     elif t == "iq4_nl":
         d = f16(b, 0)
         q = b[:, 2:].astype(np.int64)

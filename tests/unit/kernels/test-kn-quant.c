@@ -6,7 +6,8 @@
  * CPU backend's matmul, softcapped matmul, greedy head and embedding over
  * block weights against the same ops over the dequantized f32 weights, bit
  * for bit, on every kernel table and in the bf16 mode; rows that are not
- * whole blocks refused; and a backend without KN_CAP_BLOCK_WEIGHTS refusing. */
+ * whole blocks refused; and a backend without KN_CAP_BLOCK_WEIGHTS (or
+ * KN_CAP_BLOCK_LOWBIT) refusing. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,13 +27,13 @@
 static const enum kn_dtype made[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
                                      KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
 /* every format the kernels read: those, and the ones read from llama.cpp's files only */
-static const enum kn_dtype all[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0,   KN_DTYPE_Q4_1,  KN_DTYPE_Q5_0,
-                                    KN_DTYPE_Q5_1, KN_DTYPE_Q4_K,   KN_DTYPE_Q5_K,  KN_DTYPE_Q6_K,
-                                    KN_DTYPE_Q3_K, KN_DTYPE_IQ4_NL, KN_DTYPE_IQ4_XS};
+static const enum kn_dtype all[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0,   KN_DTYPE_Q4_1,   KN_DTYPE_Q5_0,
+                                    KN_DTYPE_Q5_1, KN_DTYPE_Q4_K,   KN_DTYPE_Q5_K,   KN_DTYPE_Q6_K,
+                                    KN_DTYPE_Q3_K, KN_DTYPE_IQ4_NL, KN_DTYPE_IQ4_XS, KN_DTYPE_Q2_K};
 
 /* n rows of K random elements of block format dt: random bytes, every f16
- * scale field a finite value of either sign (d, dmin; Q6_K's and Q3_K's d at
- * their ends). */
+ * scale field a finite value of either sign (d, dmin; Q6_K's and Q3_K's d,
+ * Q2_K's d and dmin, at their ends). */
 static uint8_t *rand_blocks(enum kn_dtype dt, int rows, int K) {
   size_t bb = kn_block_bytes(dt), nb = (size_t)rows * (size_t)K / (size_t)kn_block_elems(dt);
   uint8_t *b = malloc(nb * bb);
@@ -44,17 +45,18 @@ static uint8_t *rand_blocks(enum kn_dtype dt, int rows, int K) {
     int n_f16 = dt == KN_DTYPE_Q8_0 || dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q5_0 ||
                         dt == KN_DTYPE_IQ4_NL || dt == KN_DTYPE_IQ4_XS
                     ? 1
-                : dt == KN_DTYPE_Q6_K || dt == KN_DTYPE_Q3_K ? 0
-                                                             : 2;
+                : dt == KN_DTYPE_Q6_K || dt == KN_DTYPE_Q3_K || dt == KN_DTYPE_Q2_K ? 0
+                                                                                    : 2;
     for (int f = 0; f < n_f16; f++) {
       uint16_t hv = kn_f32_to_f16(0.02f * kt_uniform());
       blk[2 * f] = (uint8_t)hv;
       blk[2 * f + 1] = (uint8_t)(hv >> 8);
     }
-    if (dt == KN_DTYPE_Q6_K || dt == KN_DTYPE_Q3_K) {
+    const int n_end = dt == KN_DTYPE_Q2_K ? 2 : dt == KN_DTYPE_Q6_K || dt == KN_DTYPE_Q3_K;
+    for (int f = n_end; f > 0; f--) {
       uint16_t hv = kn_f32_to_f16(0.01f * kt_uniform());
-      blk[bb - 2] = (uint8_t)hv;
-      blk[bb - 1] = (uint8_t)(hv >> 8);
+      blk[bb - 2 * f] = (uint8_t)hv;
+      blk[bb - 2 * f + 1] = (uint8_t)(hv >> 8);
     }
   }
   return b;
@@ -617,5 +619,21 @@ TH_TEST(block_check_passes_the_cpu_and_catches_a_wrong_kernel) {
   alias.caps = 0;
   TH_CHECK_EQ_INT(kn_block_check(&alias, 1 << 30, 3e-5, why, sizeof why), 0xff0);
   TH_CHECK(strstr(why, "q8_0 matmul T=1: ") == why);
+  /* without KN_CAP_BLOCK_LOWBIT (a CUDA backend's caps) the formats of
+   * kn_dtype_lowbit are refused by every op that takes a weight, the others not */
+  alias.ops = be->ops;
+  alias.caps = be->caps & ~(unsigned)KN_CAP_BLOCK_LOWBIT;
+  const int K = 256;
+  float in[256] = {0}, out[2], row[256];
+  int32_t id = 0, best;
+  for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+    const enum kn_dtype dt = all[i];
+    const int want = kn_dtype_lowbit(dt) ? CM_ERR_UNSUPPORTED : 0;
+    uint8_t *w = rand_blocks(dt, 2, K);
+    TH_CHECK_EQ_INT(kn_matmul(&alias, out, 2, in, K, w, dt, 1, 2, K, 0), want);
+    TH_CHECK_EQ_INT(kn_embed(&alias, row, K, w, dt, 2, K, &id, 1, 1.0f), want);
+    TH_CHECK_EQ_INT(kn_matmul_argmax(&alias, &best, NULL, in, K, w, dt, 1, 2, K, 0.0f, out), want);
+    free(w);
+  }
   kn_backend_destroy(be);
 }

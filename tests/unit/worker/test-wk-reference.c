@@ -486,7 +486,7 @@ TH_TEST(reference_gemma4_moe_gguf_block_formats) {
 
 /* Files llama.cpp's own quantizer writes (llama_model_quantize, the npm
  * package's libllama) from lmserve's f32 export: Q4_0, Q8_0, Q4_K_M, Q6_K,
- * Q3_K_M, IQ4_XS and IQ4_NL of Gemma 3's k256 preset (rows of whole 256-blocks,
+ * Q3_K_M, IQ4_XS, IQ4_NL and Q2_K of Gemma 3's k256 preset (rows of whole 256-blocks,
  * so the K-quants are themselves), IQ4_XS of its tiny preset (rows of 64:
  * IQ4_NL, llama.cpp's fallback), Q4_K_M of Gemma 4's tiny-e (per-layer inputs, their
  * table in Q8_0) and of tiny-dense with MoE. The runtime's logits on each file
@@ -506,6 +506,7 @@ TH_TEST(reference_on_files_quantized_by_llamacpp) {
       {"gemma3", "k256", 0, TH_LLAMA_FTYPE_Q3_K_M, "Q3_K_M"},
       {"gemma3", "k256", 0, TH_LLAMA_FTYPE_IQ4_XS, "IQ4_XS"},
       {"gemma3", "k256", 0, TH_LLAMA_FTYPE_IQ4_NL, "IQ4_NL"},
+      {"gemma3", "k256", 0, TH_LLAMA_FTYPE_Q2_K, "Q2_K"},
       {"gemma3", "tiny", 0, TH_LLAMA_FTYPE_IQ4_XS, "IQ4_XS"},
       {"gemma4", "tiny-e", 0, TH_LLAMA_FTYPE_Q4_K_M, "Q4_K_M"},
       {"gemma4", "tiny-dense", 1, TH_LLAMA_FTYPE_Q4_K_M, "Q4_K_M"},
