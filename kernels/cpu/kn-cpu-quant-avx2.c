@@ -180,6 +180,13 @@ KN_AVX2 static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t
   }
 }
 
+/* The 2-bit field 2 (s % 4) of the 8 bytes at q as 8 int32 lanes (Q2_K's and
+ * Q3_K's chunk s). */
+KN_AVX2 static inline __m256i two_bits(const uint8_t *q, int s) {
+  return _mm256_and_si256(_mm256_srl_epi32(u8x8(q), _mm_cvtsi32_si128(2 * (s & 3))),
+                          _mm256_set1_epi32(3));
+}
+
 /* Q3_K: chunk c % 8 is the 2-bit field 2 (c % 4) of the 32 bytes of half
  * (c % 8) / 4, less 4 where bit c % 8 of hmask's byte is clear; vectors 0 and
  * 1 take one 16-element scale, 2 and 3 the next, st[16] the super-block's d *
@@ -196,10 +203,9 @@ KN_AVX2 static inline __attribute__((always_inline)) void deq_q3_k(const uint8_t
       st[j] = d * (float)sc[j];
   }
   const uint8_t *q = b + 32 + 32 * (s >> 2);
-  const __m128i sh = _mm_cvtsi32_si128(2 * (s & 3));
   KN_UNROLL4
   for (int i = 0; i < 4; i++) {
-    __m256i x = _mm256_and_si256(_mm256_srl_epi32(u8x8(q + 8 * i), sh), _mm256_set1_epi32(3));
+    __m256i x = two_bits(q + 8 * i, s);
     __m256i clear = _mm256_cmpeq_epi32(_mm256_and_si256(u8x8(b + 8 * i), _mm256_set1_epi32(1 << s)),
                                        _mm256_setzero_si256());
     x = _mm256_sub_epi32(x, _mm256_and_si256(clear, _mm256_set1_epi32(4)));
@@ -222,10 +228,9 @@ KN_AVX2 static inline __attribute__((always_inline)) void deq_q2_k(const uint8_t
     }
   }
   const uint8_t *q = b + 16 + 32 * (s >> 2);
-  const __m128i sh = _mm_cvtsi32_si128(2 * (s & 3));
   KN_UNROLL4
   for (int i = 0; i < 4; i++) {
-    __m256i x = _mm256_and_si256(_mm256_srl_epi32(u8x8(q + 8 * i), sh), _mm256_set1_epi32(3));
+    __m256i x = two_bits(q + 8 * i, s);
     const int j = 2 * s + i / 2;
     v[i] = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(st[j]), _mm256_cvtepi32_ps(x)),
                          _mm256_set1_ps(st[16 + j]));

@@ -265,6 +265,19 @@ deq_q6_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
   }
 }
 
+/* The 2-bit fields 2 (s % 4) of the 32 bytes at offset q of rows a and b,
+ * vector i elements 8i .. 8i + 7 of both (Q2_K's and Q3_K's chunk s). */
+KN_AVX512 static inline void two_bits2(const uint8_t *a, const uint8_t *b, size_t q, int s,
+                                       __m512i *l) {
+  __m512i x[4];
+  bytes2(a + q, b + q, 0, &x[0], &x[1]);
+  bytes2(a + q + 16, b + q + 16, 0, &x[2], &x[3]);
+  const __m128i sh = _mm_cvtsi32_si128(2 * (s & 3));
+  KN_UNROLL4
+  for (int i = 0; i < 4; i++)
+    l[i] = _mm512_and_si512(_mm512_srl_epi32(x[i], sh), _mm512_set1_epi32(3));
+}
+
 /* Q3_K: chunk c % 8 is the 2-bit field 2 (c % 4) of the 32 bytes of half
  * (c % 8) / 4, less 4 where bit c % 8 of hmask's byte is clear; vectors 0 and
  * 1 take one 16-element scale, 2 and 3 the next. At a super-block's first
@@ -282,21 +295,17 @@ deq_q3_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
       for (int j = 0; j < 16; j++)
         st[16 * r + j] = d[r] * (float)sc[r][j];
   }
-  const size_t q = 32 + 32 * (size_t)(s >> 2);
-  __m512i x[4], h[4];
-  bytes2(a + q, b + q, 0, &x[0], &x[1]);
-  bytes2(a + q + 16, b + q + 16, 0, &x[2], &x[3]);
+  __m512i l[4], h[4];
+  two_bits2(a, b, 32 + 32 * (size_t)(s >> 2), s, l);
   bytes2(a, b, 0, &h[0], &h[1]);
   bytes2(a + 16, b + 16, 0, &h[2], &h[3]);
-  const __m128i sh = _mm_cvtsi32_si128(2 * (s & 3));
   const int k = 2 * s;
   const __m512 ds[2] = {two(st[k], st[16 + k]), two(st[k + 1], st[17 + k])};
   KN_UNROLL4
   for (int i = 0; i < 4; i++) {
-    __m512i l = _mm512_and_si512(_mm512_srl_epi32(x[i], sh), _mm512_set1_epi32(3));
     __mmask16 clear = _mm512_testn_epi32_mask(h[i], _mm512_set1_epi32(1 << s));
-    l = _mm512_mask_sub_epi32(l, clear, l, _mm512_set1_epi32(4));
-    v[i] = _mm512_mul_ps(ds[i / 2], _mm512_cvtepi32_ps(l));
+    __m512i q = _mm512_mask_sub_epi32(l[i], clear, l[i], _mm512_set1_epi32(4));
+    v[i] = _mm512_mul_ps(ds[i / 2], _mm512_cvtepi32_ps(q));
   }
 }
 
@@ -318,19 +327,14 @@ deq_q2_k(const uint8_t *ra, const uint8_t *rb, int c, __m512 *v, float *st) {
       }
     }
   }
-  const size_t q = 16 + 32 * (size_t)(s >> 2);
-  __m512i x[4];
-  bytes2(a + q, b + q, 0, &x[0], &x[1]);
-  bytes2(a + q + 16, b + q + 16, 0, &x[2], &x[3]);
-  const __m128i sh = _mm_cvtsi32_si128(2 * (s & 3));
+  __m512i l[4];
+  two_bits2(a, b, 16 + 32 * (size_t)(s >> 2), s, l);
   const int k = 2 * s;
   const __m512 ds[2] = {two(st[k], st[16 + k]), two(st[k + 1], st[17 + k])};
   const __m512 ms[2] = {two(st[32 + k], st[48 + k]), two(st[33 + k], st[49 + k])};
   KN_UNROLL4
-  for (int i = 0; i < 4; i++) {
-    __m512i l = _mm512_and_si512(_mm512_srl_epi32(x[i], sh), _mm512_set1_epi32(3));
-    v[i] = _mm512_sub_ps(_mm512_mul_ps(ds[i / 2], _mm512_cvtepi32_ps(l)), ms[i / 2]);
-  }
+  for (int i = 0; i < 4; i++)
+    v[i] = _mm512_sub_ps(_mm512_mul_ps(ds[i / 2], _mm512_cvtepi32_ps(l[i])), ms[i / 2]);
 }
 
 KN_AVX512 static inline __attribute__((always_inline)) void
