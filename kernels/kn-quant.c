@@ -514,11 +514,26 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K) {
   return fb != KN_DTYPE__COUNT && K % 32 == 0 ? fb : KN_DTYPE__COUNT;
 }
 
-/* Row i's block at blk and its place in a block of an X16 group at grp (the
- * scale at 2 i, Q4_1's and Q5_1's min at 32 + 2 i, quad c at h + 64 c + 4 i
- * after the h = 32 or 64 bytes of those, Q5_0's and Q5_1's fifth bits in the
- * planes from h + 64 quads): copied into the group (pack), or back out of it. */
+/* Row i's block at blk and its place in a block of an X16 group at grp
+ * (kn-quant.h's layouts; for the 32-element formats the scale at 2 i, Q4_1's and Q5_1's min at 32 +
+ * 2 i, quad c at h + 64 c + 4 i after the h = 32 or 64 bytes of those, Q5_0's and Q5_1's fifth bits
+ * in the planes from h + 64 quads): copied into the group (pack), or back out of it. */
 static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pack) {
+  if (dt == KN_DTYPE_IQ4_XS) { /* d, scales_l, scales_h, then 32 quads */
+    for (int c = -3; c < 32; c++) {
+      uint8_t *g = c == -3   ? grp + 2 * i
+                   : c == -2 ? grp + 32 + 4 * i
+                   : c == -1 ? grp + 96 + 2 * i
+                             : grp + 128 + 64 * c + 4 * i,
+              *r = c == -3   ? blk
+                   : c == -2 ? blk + 4
+                   : c == -1 ? blk + 2
+                             : blk + 8 + 4 * c;
+      const size_t len = c == -2 || c >= 0 ? 4 : 2;
+      memcpy(pack ? g : r, pack ? r : g, len);
+    }
+    return;
+  }
   if (kn_block_elems(dt) == 256) {
     /* Q4_K and Q5_K: d, dmin, then 3 + 32 quads (the scales', the nibbles')
      * and Q5_K's 8 of qh; Q6_K: d, then 4 + 32 + 16 quads (the scales', ql's,
@@ -538,6 +553,7 @@ static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pa
     }
     return;
   }
+  /* (IQ4_NL's bytes are Q4_0's) */
   const int five = dt == KN_DTYPE_Q5_0 || dt == KN_DTYPE_Q5_1, quads = dt == KN_DTYPE_Q8_0 ? 8 : 4;
   const int ns = dt == KN_DTYPE_Q4_1 || dt == KN_DTYPE_Q5_1 ? 2 : 1; /* f16s: d (and m) */
   const int q0 = 2 * ns + (five ? 4 : 0);                           /* the row's quants */

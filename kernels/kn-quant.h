@@ -98,8 +98,8 @@ int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K);
  * stays as it is). */
 enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
 
-/* Rows side by side (KN_DTYPE_Q8_0_X16 .. _Q5_1_X16): the CPU's q8 mode lays
- * the block formats' weights out so that one register
+/* Rows side by side (KN_DTYPE_Q8_0_X16 .. _Q5_1_X16, _IQ4_NL_X16, _IQ4_XS_X16):
+ * the CPU's q8 mode lays the block formats' weights out so that one register
  * holds the same four elements of 16 rows, and one 32-bit broadcast of an
  * input's four meets them all (the kernels then need no sums across lanes;
  * llama.cpp repacks Q4_0 for its AVX2 and AVX-512 kernels the same way). In n
@@ -111,21 +111,20 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
  * fifth bits in 8 planes of 64 bits from 288: plane 2 c + h marks the bytes
  * of quad c's 64 (bit 4 i + k: row i's byte 4 c + k) whose low (h = 0) or
  * high (h = 1) nibble's weight takes 16, so that a register of quads gets its
- * fifth bits from one 64-bit mask. Q4_1 and Q5_1 the same, with the 16 mins
- * after the 16 scales (row i's at 32 + 2 i) and all else 32 bytes later. Q4_K's
- * super-block b (of K / 256) takes
- * the same place (16 * 144 bytes): the 16 d (row i's f16 at 2 i), the 16
- * dmin (at 32 + 2 i), the 12 bytes of scales and mins as three dwords (row
- * i's dword k at 64 + 64 k + 4 i), then the 128 bytes of nibbles four at a
- * time (row i's bytes 4 c .. 4 c + 3 of them at 256 + 64 c + 4 i, c < 32);
- * Q5_K's (16 * 176 bytes) the same, then qh's 32 bytes (at 2304 + 64 c + 4 i,
- * c < 8).
- * Q6_K's (16 * 210 bytes): the 16 d (at 2 i), the 16 bytes of scales as
- * four dwords (row i's dword k at 32 + 64 k + 4 i), ql's 128 bytes four at a
- * time (at 288 + 64 c + 4 i, c < 32), qh's 64 (at 2336 + 64 c + 4 i, c < 16).
- * The last n % 16 rows stay as they were,
- * after the groups: a row still starts at r * row_bytes when r is a multiple
- * of 16, and n rows take the bytes they took. */
+ * fifth bits from one 64-bit mask. IQ4_NL as Q4_0. Q4_1 and Q5_1 the same,
+ * with the 16 mins after the 16 scales (row i's at 32 + 2 i) and all else 32
+ * bytes later. Q4_K's super-block b (of K / 256) takes the same place (16 * 144 bytes): the 16 d
+ * (row i's f16 at 2 i), the 16 dmin (at 32 + 2 i), the 12 bytes of scales and mins as three dwords
+ * (row i's dword k at 64 + 64 k + 4 i), then the 128 bytes of nibbles four at a time (row i's bytes
+ * 4 c .. 4 c + 3 of them at 256 + 64 c + 4 i, c < 32); Q5_K's (16 * 176 bytes) the same, then qh's
+ * 32 bytes (at 2304 + 64 c + 4 i, c < 8). Q6_K's (16 * 210 bytes): the 16 d (at 2 i), the 16 bytes
+ * of scales as four dwords (row i's dword k at 32 + 64 k + 4 i), ql's 128 bytes four at a time (at
+ * 288 + 64 c + 4 i, c < 32), qh's 64 (at 2336 + 64 c + 4 i, c < 16). IQ4_XS's (16 * 136 bytes): the
+ * 16 d (at 2 i), the 16 dwords of scales_l (at 32 + 4 i), the 16 words of scales_h (at 96 + 2 i),
+ * then the 128 bytes of nibbles four at a time (at 128 + 64 c + 4 i, c < 32: sub-block j's 16 bytes
+ * are quads 4 j .. 4 j + 3, as a Q4_0 block's). The last n % 16 rows stay as they were, after the
+ * groups: a row still starts at r * row_bytes when r is a multiple of 16, and n rows take the bytes
+ * they took. */
 #define KN_X16_ROWS 16
 
 /* Lays the n rows of K elements of block format dt at w out in place as dt's X16

@@ -226,14 +226,13 @@ struct kn_cpu_dsp {
   /* The q8 mode's matmul over block-format weights (kn-cpu-q8.c, AVX2 in
    * kn-cpu-q8-avx2.c): x holds T tokens' inputs as Q8_0 blocks and what the
    * kernels take of them prepared once (struct kn_cpu_q8_in), w n rows of
-   * row_bytes. Q8_0, Q4_0 and Q5_0, per output: for each block b in order,
-   * p = the exact sum of its 32 integer products (the weights' offsets
-   * applied), acc = fma((float)p, dw_b * dx_b, acc) from acc = 0. Q4_1, Q5_1
-   * and the K-quants the same a 32-element block (a K-quant's sub-block), the
-   * formats with a min m_b then adding fma((float)sx_b, m_b * dx_b) (sx_b the
-   * block's input sum), Q6_K's p its halves' sums times their scales
-   * (kn-cpu-q8.c's q8dot_min_ref). NULL: the dtype has none (f32 inputs
-   * then). */
+   * row_bytes. Q8_0, Q4_0, Q5_0, IQ4_NL and IQ4_XS, per output: for each
+   * block b (IQ4_XS: sub-block) in order, p = the exact sum of its 32 integer
+   * products (the weights' offsets applied; IQ4's levels), acc = fma((float)p, dw_b * dx_b, acc)
+   * from acc = 0. Q4_1, Q5_1 and the K-quants the same a 32-element block (a K-quant's sub-block),
+   * the formats with a min m_b then adding fma((float)sx_b, m_b * dx_b) (sx_b the block's input
+   * sum), Q6_K's p its halves' sums times their scales (kn-cpu-q8.c's q8dot_min_ref). NULL: the
+   * dtype has none (f32 inputs then). */
   void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                  const uint8_t *w, size_t row_bytes, int K, int T, int n,
                                  int accumulate);
@@ -266,8 +265,8 @@ static inline size_t kn_cpu_packed_floats(int K, int n) {
 
 void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
 /* A table's q8 entries: prep, and its functions q8dot_<format> (q8dot_q8_0 ..
- * q8dot_q6_k, and the X16 layouts' q8dot_q8_0x16 .. q8dot_q5_1x16), every table naming them
- * alike. */
+ * q8dot_q6_k, q8dot_iq4_nl, q8dot_iq4_xs, and the X16 layouts' q8dot_q8_0x16 ..
+ * q8dot_iq4_xsx16), every table naming them alike. */
 #define KN_CPU_Q8_FILL(dsp, prep)                                                                  \
   do {                                                                                             \
     (dsp)->q8_prep = (prep);                                                                       \
@@ -287,6 +286,10 @@ void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
     (dsp)->q8dot[KN_DTYPE_Q4_K] = q8dot_q4_k;                                                      \
     (dsp)->q8dot[KN_DTYPE_Q5_K] = q8dot_q5_k;                                                      \
     (dsp)->q8dot[KN_DTYPE_Q6_K] = q8dot_q6_k;                                                      \
+    (dsp)->q8dot[KN_DTYPE_IQ4_NL] = q8dot_iq4_nl;                                                  \
+    (dsp)->q8dot[KN_DTYPE_IQ4_NL_X16] = q8dot_iq4_nlx16;                                           \
+    (dsp)->q8dot[KN_DTYPE_IQ4_XS] = q8dot_iq4_xs;                                                  \
+    (dsp)->q8dot[KN_DTYPE_IQ4_XS_X16] = q8dot_iq4_xsx16;                                           \
   } while (0)
 /* The q8 mode's reference dot products (kn-cpu-q8.c). */
 void kn_cpu_dsp_init_q8_ref(struct kn_cpu_dsp *dsp);

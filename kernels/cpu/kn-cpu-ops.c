@@ -398,11 +398,13 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
                       .ldq = ldx,
                       .T = T,
                       .K = K,
-                      .shift = rdt == KN_DTYPE_Q4_0   ? 3
-                               : rdt == KN_DTYPE_Q5_0 ? 4
-                               : rdt == KN_DTYPE_Q6_K ? 5
-                               : rdt == KN_DTYPE_Q8_0 ? 7 /* w + 128 unsigned (VNNI) */
-                                                      : 0};
+                      .shift =
+                          rdt == KN_DTYPE_Q4_0   ? 3
+                          : rdt == KN_DTYPE_Q5_0 ? 4
+                          : rdt == KN_DTYPE_Q6_K ? 5
+                          : rdt == KN_DTYPE_Q8_0 || rdt == KN_DTYPE_IQ4_NL || rdt == KN_DTYPE_IQ4_XS
+                              ? 7 /* w + 128 unsigned (VNNI) */
+                              : 0};
   if (!kn_dtype_x16(dt) && (dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q8_0 || mink) &&
       T >= KN_CPU_Q8_TOKENS) {
     const size_t GS = KN_CPU_Q8_GROUP, G = ((size_t)T + GS - 1) / GS, xb = B * 8 * 4 * GS;

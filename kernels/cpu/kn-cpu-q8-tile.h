@@ -84,12 +84,42 @@ KN_AVX2 static inline AI __m256i nib32(const uint8_t *p) {
 
 /* ---- register tiles ------------------------------------------------------------- */
 
-enum q8_kind { Q8K_Q8_0, Q8K_Q4_0, Q8K_Q4_1, Q8K_Q5_0, Q8K_Q5_1, Q8K_Q4_K, Q8K_Q5_K, Q8K_Q6_K };
+/* (the K-quants last: from Q8K_Q4_K on, a kind's blocks are super-blocks) */
+enum q8_kind {
+  Q8K_Q8_0,
+  Q8K_Q4_0,
+  Q8K_Q4_1,
+  Q8K_Q5_0,
+  Q8K_Q5_1,
+  Q8K_IQ4_NL,
+  Q8K_IQ4_XS, /* its 32-element sub-blocks, each with a scale, as blocks */
+  Q8K_Q4_K,
+  Q8K_Q5_K,
+  Q8K_Q6_K
+};
 
 /* Bytes of a kind's block (a K-quant's super-block). */
 static inline size_t kind_bytes(enum q8_kind k) {
-  static const size_t bytes[] = {34, 18, 20, 22, 24, 144, 176, 210};
+  static const size_t bytes[] = {34, 18, 20, 22, 24, 18, 136, 144, 176, 210};
   return bytes[k];
+}
+
+/* Whether a kind's weights are IQ4's levels (a nibble's of 16: iq4_table). */
+static inline int kind_iq4(enum q8_kind k) {
+  return k == Q8K_IQ4_NL || k == Q8K_IQ4_XS;
+}
+
+/* Whether a block's weights are signed bytes summed against x with their
+ * signs (|w| against x with w's sign: vpmaddubsw's first operand is
+ * unsigned), with no offset's term: Q8_0 and IQ4's levels without
+ * vpdpbusd (with it, w + 128 unsigned against x, and -128 times x's sum). */
+static inline int kind_signed(enum q8_kind k) {
+  return !Q8T_DPBUSD && (k == Q8K_Q8_0 || kind_iq4(k));
+}
+
+/* Whether a kind takes tokens side by side (struct kn_cpu_q8_in's xi: tok_tile). */
+static inline int kind_xi(enum q8_kind k) {
+  return k == Q8K_Q8_0 || k == Q8K_Q4_0 || k >= Q8K_Q4_K || k == Q8K_Q4_1 || k == Q8K_Q5_1;
 }
 
 /* Whether every weight adds a min (times the block's input sum). */
@@ -137,6 +167,13 @@ static inline AI void sc_min(int j, const uint8_t *q, int *sc, int *mn) {
 Q8T_ATTR static inline AI __m256i nibs(const uint8_t *p, int hi) {
   __m256i v = _mm256_loadu_si256((const __m256i *)p);
   return _mm256_and_si256(hi ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0xF));
+}
+
+/* IQ4_NL's and IQ4_XS's 16 levels as bytes, a nibble's at its index (vpshufb's table):
+ * signed where kind_signed, else + 128 unsigned. */
+Q8T_ATTR static inline AI __m128i iq4_table(void) {
+  const __m128i t = _mm_loadu_si128((const __m128i *)kn_iq4_levels);
+  return Q8T_DPBUSD ? _mm_xor_si128(t, _mm_set1_epi8((char)0x80)) : t;
 }
 
 /* Sub-block j of a K-quant super-block as the bytes vpmaddubsw takes
@@ -222,6 +259,9 @@ typedef __m512 q8vf;
 #define vi_abs8(a)      _mm512_abs_epi8(a)
 #define vi_sign8(x, w)  _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x)
 #define vi_mullo(a, b)  _mm512_mullo_epi32(a, b)
+#define vi_shuf(t, i)      _mm512_shuffle_epi8(t, i)
+#define vi_lanes(t)        _mm512_broadcast_i32x4(t)
+#define vi_u16(p)          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p)))
 #define Q8_XU           8 /* tokens of an X16 tile: each register of weights serves them all */
 #define Q8_KXU          4 /* tokens of Q4_K's X16 tile: two accumulators each */
 #define Q8_6XU          3 /* of Q6_K's: four each */
@@ -262,6 +302,9 @@ typedef __m256 q8vf;
 #define vi_abs8(a)      _mm256_abs_epi8(a)
 #define vi_sign8(x, w)  _mm256_sign_epi8(x, w)
 #define vi_mullo(a, b)  _mm256_mullo_epi32(a, b)
+#define vi_shuf(t, i)      _mm256_shuffle_epi8(t, i)
+#define vi_lanes(t)        _mm256_broadcastsi128_si256(t)
+#define vi_u16(p)          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p)))
 #define Q8_XU           4 /* AVX2's 16 registers */
 #define Q8_KXU          2
 #define Q8_6XU          2
@@ -815,9 +858,13 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
     }
   for (; b < B; b++) {
     __m256i wv[8];
+    /* IQ4_XS: sub-block b % 8 of super-block b / 8, its scale d (sc - 32) */
+    const size_t xo = (size_t)(b >> 3) * kb;
+    float xs[8];
 #pragma GCC unroll 8
     for (int r = 0; r < 8; r++) {
-      const uint8_t *blk = rp[r] + (size_t)b * kb;
+      const uint8_t *blk = rp[r] + (kind == Q8K_IQ4_XS ? xo : (size_t)b * kb);
+      if (kind == Q8K_IQ4_XS) xs[r] = h16(blk) * (float)kn_iq4xs_scale(blk, b & 7);
       if (kind == Q8K_Q4_0)
         wv[r] = nib32(blk + 2);
       else if (kind == Q8K_Q5_0)
@@ -826,32 +873,30 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
         wv[r] = nib32(blk + 4);
       else if (kind == Q8K_Q5_1)
         wv[r] = _mm256_or_si256(nib32(blk + 8), bit5x32(u32le(blk + 4)));
+      else if (kind_iq4(kind))
+        wv[r] = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(iq4_table()),
+                                    nib32(blk + (kind == Q8K_IQ4_XS ? 8 + 16 * (b & 7) : 2)));
       else
         wv[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
 #if Q8T_DPBUSD
       if (kind == Q8K_Q8_0) wv[r] = _mm256_xor_si256(wv[r], _mm256_set1_epi8((char)0x80));
 #endif
     }
-    const __m256 dw = scales8(rp, (size_t)b * kb),
+    const __m256 dw = kind == Q8K_IQ4_XS ? _mm256_loadu_ps(xs) : scales8(rp, (size_t)b * kb),
                  mw = kind_min(kind) ? scales8(rp, (size_t)b * kb + 2) : _mm256_setzero_ps();
 #pragma GCC unroll 4
     for (int u = 0; u < U; u++) {
       const __m256i xv =
           _mm256_loadu_si256((const __m256i *)(xr + (size_t)u * x->ldq + (size_t)b * 34 + 2));
-      /* the offset's lane terms (AVX2's Q8_0 has none: signs; a min's are its sums) */
-      const __m256i so = !kind_min(kind) && (kind != Q8K_Q8_0 || Q8T_DPBUSD)
+      /* the offset's lane terms (kind_signed has none; a min's are its sums) */
+      const __m256i so = !kind_min(kind) && !kind_signed(kind)
                              ? _mm256_loadu_si256((const __m256i *)(s + (size_t)u * B8 + b * 8))
                              : _mm256_setzero_si256();
       __m256i p[8];
 #pragma GCC unroll 8
-      for (int r = 0; r < 8; r++) {
-#if Q8T_DPBUSD
-        p[r] = dot4(so, wv[r], xv);
-#else
-        p[r] = kind != Q8K_Q8_0 ? dot4(so, wv[r], xv)
-                                : dot4(so, _mm256_abs_epi8(wv[r]), _mm256_sign_epi8(xv, wv[r]));
-#endif
-      }
+      for (int r = 0; r < 8; r++)
+        p[r] = kind_signed(kind) ? dot4(so, _mm256_abs_epi8(wv[r]), _mm256_sign_epi8(xv, wv[r]))
+                                 : dot4(so, wv[r], xv);
       f[u] = row_fma(f[u], p, 0, dw, dx[(size_t)u * (size_t)B + b]);
       if (kind_min(kind))
         f[u] =
@@ -953,8 +998,15 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G0, c
                                         float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                         int t, const uint8_t *g, int B, int acc,
                                         const uint8_t *pfe) {
-  const size_t gb = KN_X16_ROWS * kind_bytes(kind), hdr = kind_min(kind) ? 64 : 32;
+  /* a block's bytes (IQ4_XS: a sub-block's share of its super-block's) */
+  const size_t gb = KN_X16_ROWS * kind_bytes(kind) / (kind == Q8K_IQ4_XS ? 8 : 1),
+               hdr = kind_min(kind) ? 64 : 32;
   const size_t gs = (size_t)B * gb; /* a group's bytes */
+  /* where block b's quads start (IQ4_XS: sub-block b % 8's, past the
+   * super-block's 128 bytes of scales) */
+#define QS(b)                                                                                      \
+  (kind == Q8K_IQ4_XS ? g + (size_t)((b) >> 3) * 8 * gb + 128 + 256 * ((b)&7)                      \
+                      : g + (size_t)(b)*gb + hdr)
   /* 8 rows to a register (AVX2), one group and a few tokens: its two halves
    * of rows are the two register groups, side by side in one sweep, so that
    * each block is used whole as it arrives (in two sweeps, the first waits on
@@ -983,17 +1035,16 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G0, c
       for (int i = 0; i < G; i++)
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
-          nx[i][c] = vi_load(g + i * gst + hdr + 4 * Q8_TL * HOF(i) + 64 * c);
+          nx[i][c] = vi_load(QS(0) + i * gst + 4 * Q8_TL * HOF(i) + 64 * c);
     for (int b = 0; b < B; b++) {
-      const uint8_t *blk = g + (size_t)b * gb, *qs = blk + hdr;
+      const uint8_t *blk = g + (size_t)b * gb, *qs = QS(b), *qn = QS(b + 1 < B ? b + 1 : b);
       q8vi wv[2][4];
       if (PIPE)
 #pragma GCC unroll 2
         for (int i = 0; i < G; i++)
 #pragma GCC unroll 4
           for (int c = 0; c < 4; c++)
-            wv[i][c] = nx[i][c],
-            nx[i][c] = vi_load(qs + i * gst + 4 * Q8_TL * HOF(i) + (b + 1 < B ? gb : 0) + 64 * c);
+            wv[i][c] = nx[i][c], nx[i][c] = vi_load(qn + i * gst + 4 * Q8_TL * HOF(i) + 64 * c);
 #define WV(i, c) (PIPE ? wv[i][c] : vi_load(qs + (i)*gst + 4 * Q8_TL * HOF(i) + 64 * (c)))
       /* two groups: past a group's end, the next pair's same group (read next) */
       const size_t jump = G0 > 1 && (size_t)b * gb + Q8_PREFETCH_BYTES >= gs ? gs : 0;
@@ -1002,9 +1053,8 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G0, c
         prefetch_part(blk + i * gs + jump, gb, 0, 1, h == 0 ? pfe : NULL);
       q8vi p[2][Q8_XU][4]; /* a token's chains: the offset's term in the first */
 #pragma GCC unroll 8
-      for (int u = 0; u < U; u++) { /* (AVX2's Q8_0 has none: signs; a min is added after) */
-        const q8vi o0 = !kind_min(kind) && (kind != Q8K_Q8_0 || Q8T_DPBUSD) ? vi_set1_32(xt.o[u][b])
-                                                                            : vi_zero();
+      for (int u = 0; u < U; u++) { /* (kind_signed has none; a min is added after) */
+        const q8vi o0 = !kind_min(kind) && !kind_signed(kind) ? vi_set1_32(xt.o[u][b]) : vi_zero();
 #pragma GCC unroll 2
         for (int i = 0; i < G; i++) {
           p[i][u][0] = o0;
@@ -1053,10 +1103,13 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G0, c
 #endif
           if (kind != Q8K_Q8_0) {
         /* Q5_0, Q5_1: each quad register's fifth bits from its two planes
-         * (the low and the high nibbles'), this half's rows at 4 h */
+         * (the low and the high nibbles'), this half's rows at 4 h; IQ4_NL:
+         * and IQ4_XS: the nibbles' levels (iq4_table), kind_signed's as |w|
+         * against x with w's sign */
+        const q8vi tab = vi_lanes(iq4_table());
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
-          q8vi l[2], hi[2];
+          q8vi l[2], hi[2], ls[2], hs[2];
 #pragma GCC unroll 2
           for (int i = 0; i < G; i++) {
             const q8vi v = WV(i, c);
@@ -1067,6 +1120,9 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G0, c
               l[i] = vi_or(l[i], vi_fifth(planes + 16 * c));
               hi[i] = vi_or(hi[i], vi_fifth(planes + 16 * c + 8));
             }
+            if (kind_iq4(kind)) l[i] = vi_shuf(tab, l[i]), hi[i] = vi_shuf(tab, hi[i]);
+            ls[i] = l[i], hs[i] = hi[i];
+            if (kind_signed(kind)) l[i] = vi_abs8(l[i]), hi[i] = vi_abs8(hi[i]);
           }
 #pragma GCC unroll 8
           for (int u = 0; u < U; u++) {
@@ -1075,8 +1131,8 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G0, c
 #pragma GCC unroll 2
             for (int i = 0; i < G; i++) {
               q8vi *pl = &p[i][u][2 * c % CH], *ph = &p[i][u][(2 * c + 1) % CH];
-              *pl = vi_dot(*pl, l[i], xl);
-              *ph = vi_dot(*ph, hi[i], xh);
+              *pl = vi_dot(*pl, l[i], kind_signed(kind) ? vi_sign8(xl, ls[i]) : xl);
+              *ph = vi_dot(*ph, hi[i], kind_signed(kind) ? vi_sign8(xh, hs[i]) : xh);
             }
           }
         }
@@ -1110,7 +1166,17 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G0, c
       q8vf dw[2], mw[2];
 #pragma GCC unroll 2
       for (int i = 0; i < G; i++) {
-        dw[i] = vf_h16(blk + i * gst + 2 * Q8_TL * HOF(i));
+        if (kind == Q8K_IQ4_XS) { /* d (sc - 32): sc from scales_l's nibble, scales_h's two bits */
+          const uint8_t *sb = g + (size_t)(b >> 3) * 8 * gb + i * gst;
+          const int j = b & 7;
+          const q8vi sl = vi_load(sb + 32 + 4 * Q8_TL * HOF(i)),
+                     sh = vi_u16(sb + 96 + 2 * Q8_TL * HOF(i));
+          const q8vi sc = vi_or(vi_and(vi_srl32(sl, 4 * j), vi_set1_32(0xF)),
+                                vi_sll32(vi_and(vi_srl32(sh, 2 * j), vi_set1_32(3)), 4));
+          dw[i] = vf_mul(vf_h16(sb + 2 * Q8_TL * HOF(i)), vf_cvt(vi_add(sc, vi_set1_32(-32))));
+        } else {
+          dw[i] = vf_h16(blk + i * gst + 2 * Q8_TL * HOF(i));
+        }
         mw[i] = kind_min(kind) ? vf_h16(blk + i * gst + 32 + 2 * Q8_TL * HOF(i)) : vf_zero();
       }
 #pragma GCC unroll 8
@@ -1133,6 +1199,7 @@ Q8T_ATTR static inline AI void x16_tile(const enum q8_kind kind, const int G0, c
   }
 #undef WV
 #undef HOF
+#undef QS
 }
 
 /* Sub-block j's 6-bit scale (mn 0) or min (mn 1) of the lanes' rows, from
@@ -1371,7 +1438,7 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
                                        int acc) {
   const int B = K / 32, ng = il ? n / KN_X16_ROWS * KN_X16_ROWS : 0; /* rows in X16 groups */
   const uint8_t *rp[8];
-  if (x->xi && !il) { /* the rows as they are, at least KN_CPU_Q8_TOKENS tokens */
+  if (kind_xi(kind) && x->xi && !il) { /* the rows as they are, at least KN_CPU_Q8_TOKENS tokens */
     /* token registers outside, their inputs near across the rows; the tiles'
      * results for Q8_SR rows go to a buffer first and then to out a token's
      * row at a time (a tile writes a line for each of its tokens, and ldo is
@@ -1505,6 +1572,10 @@ DEF_INT_DOT(q5_k, Q8K_Q5_K, 0)
 DEF_INT_DOT(q5_kx16, Q8K_Q5_K, 1)
 DEF_INT_DOT(q6_k, Q8K_Q6_K, 0)
 DEF_INT_DOT(q6_kx16, Q8K_Q6_K, 1)
+DEF_INT_DOT(iq4_nl, Q8K_IQ4_NL, 0)
+DEF_INT_DOT(iq4_nlx16, Q8K_IQ4_NL, 1)
+DEF_INT_DOT(iq4_xs, Q8K_IQ4_XS, 0)
+DEF_INT_DOT(iq4_xsx16, Q8K_IQ4_XS, 1)
 
 /* ---- the inputs ----------------------------------------------------------------- */
 

@@ -3,7 +3,10 @@
  * Q5_1 block, a K-quant's sub-block), against inputs rounded to Q8_0 blocks.
  *
  * Q8_0, Q4_0 and Q5_0 (the files llama.cpp's users run most; Q5_0 is what
- * Q4_K_M files of Gemma's shapes hold in rows that are not whole 256-blocks):
+ * Q4_K_M files of Gemma's shapes hold in rows that are not whole 256-blocks),
+ * and IQ4_NL and IQ4_XS (a nibble's level from a table of 16; IQ4_NL is what
+ * IQ4_XS files hold in rows that are not whole 256-blocks, IQ4_XS's 32-element
+ * sub-block has a scale of its own):
  * a block's 32 integer products are one exact sum, which times the two blocks' scales is added
  * into the output's f32 accumulator with one rounding (fmaf), block after
  * block, as llama.cpp's kernels do. The kernels then put outputs, not a
@@ -23,7 +26,8 @@
 #include "kernels/kn-quant.h"
 
 /* The 32 weights of 32-element block b of a row as integers q (the formats'
- * offsets applied: Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32), the scale of
+ * offsets applied: Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32; IQ4_NL's
+ * levels), the scale of
  * each lane's four (d[l]; Q6_K's change every 16 elements), and for the
  * formats with a min the value every weight adds, *m (Q4_1 / Q5_1: m; Q4_K /
  * Q5_K: -(dmin * min), the sub-block's scale d * sc and min dmin * min each
@@ -49,6 +53,25 @@ static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d
       q[j + 16] = (n[j] >> 4) - (one ? 0 : 8);
     }
     if (one) *m = kn_le_f16(blk + 2), has_m = 1;
+    break;
+  }
+  case KN_DTYPE_IQ4_NL: { /* Q4_0's bytes, a nibble's level */
+    const uint8_t *blk = row + (size_t)b * 18, *n = blk + 2;
+    s = kn_le_f16(blk);
+    for (int j = 0; j < 16; j++) {
+      q[j] = kn_iq4_levels[n[j] & 0xF];
+      q[j + 16] = kn_iq4_levels[n[j] >> 4];
+    }
+    break;
+  }
+  case KN_DTYPE_IQ4_XS: { /* sub-block b % 8: Q4_0's bytes, scale d (sc - 32) */
+    const int sb = b & 7;
+    const uint8_t *blk = row + (size_t)(b >> 3) * 136, *n = blk + 8 + 16 * sb;
+    s = kn_le_f16(blk) * (float)kn_iq4xs_scale(blk, sb);
+    for (int j = 0; j < 16; j++) {
+      q[j] = kn_iq4_levels[n[j] & 0xF];
+      q[j + 16] = kn_iq4_levels[n[j] >> 4];
+    }
     break;
   }
   case KN_DTYPE_Q5_0:
@@ -100,22 +123,23 @@ static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d
   return has_m;
 }
 
-/* Q8_0, Q4_0 and Q5_0, and their X16 layouts (each block as its format's first):
- * one integer a block, one multiply-add a block. */
+/* Q8_0, Q4_0, Q5_0, IQ4_NL and IQ4_XS (a 32-element sub-block's scale d (sc -
+ * 32), exact), and their X16 layouts (each block as its format's first): one
+ * integer a block, one multiply-add a block. */
 static void q8dot_int_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uint8_t *x, size_t ldx,
                           const uint8_t *w, size_t row_bytes, int K, int T, int n, int acc) {
-  const int B = K / 32;
+  const int B = K / 32, per = kn_block_elems(dt) / 32;
   int q[32];
   float dw[8], m = 0.0f;
-  uint8_t blk[34];
+  uint8_t blk[256]; /* an X16 row's (super-)block, as its format has it */
   for (int j = 0; j < n; j++)
     for (int t = 0; t < T; t++) {
       const uint8_t *xr = x + (size_t)t * ldx;
       float a = 0.0f;
       for (int b = 0; b < B; b++) {
         if (kn_dtype_x16(dt)) {
-          kn_x16_block(dt, w, n, K, j, b, blk);
-          weights(kn_dtype_rows_of(dt), blk, 0, q, dw, &m);
+          if (b % per == 0) kn_x16_block(dt, w, n, K, j, b / per, blk);
+          weights(kn_dtype_rows_of(dt), blk, b % per, q, dw, &m);
         } else {
           weights(dt, w + (size_t)j * row_bytes, b, q, dw, &m);
         }
@@ -195,6 +219,10 @@ DEF_REF(q8_0x16, q8dot_int_ref, KN_DTYPE_Q8_0_X16)
 DEF_REF(q4_0x16, q8dot_int_ref, KN_DTYPE_Q4_0_X16)
 DEF_REF(q5_0, q8dot_int_ref, KN_DTYPE_Q5_0)
 DEF_REF(q5_0x16, q8dot_int_ref, KN_DTYPE_Q5_0_X16)
+DEF_REF(iq4_nl, q8dot_int_ref, KN_DTYPE_IQ4_NL)
+DEF_REF(iq4_nlx16, q8dot_int_ref, KN_DTYPE_IQ4_NL_X16)
+DEF_REF(iq4_xs, q8dot_int_ref, KN_DTYPE_IQ4_XS)
+DEF_REF(iq4_xsx16, q8dot_int_ref, KN_DTYPE_IQ4_XS_X16)
 DEF_REF(q4_kx16, q8dot_min_ref, KN_DTYPE_Q4_K_X16)
 DEF_REF(q5_kx16, q8dot_min_ref, KN_DTYPE_Q5_K_X16)
 DEF_REF(q4_1x16, q8dot_min_ref, KN_DTYPE_Q4_1_X16)

@@ -23,7 +23,7 @@
 #include "tests/harness/th-proc.h"
 #include "tests/unit/kernels/kn-test-util.h"
 
-/* the formats kn_quantize_row writes (and the q8 mode's integer kernels take) */
+/* the formats kn_quantize_row writes */
 static const enum kn_dtype made[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
                                      KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
 /* every format the kernels read: those, and the ones read from llama.cpp's files only */
@@ -228,12 +228,13 @@ TH_TEST(quantization_matches_libggml) {
 /* The CPU ops over block weights give the bits of the same ops over the
  * dequantized f32 weights (T = 1, 3, 40 and 70: the matvec and the tile paths,
  * the latter on every table from T = 64); lowbit: only the formats of
- * KN_CAP_BLOCK_LOWBIT. */
+ * KN_CAP_BLOCK_LOWBIT that have no X16 layout (the q8 mode has no integer
+ * kernels for them). */
 static void check_ops(struct kn_backend *be, const char *what, int lowbit) {
   kt_seed(5);
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
     enum kn_dtype dt = all[i];
-    if (lowbit && !kn_dtype_lowbit(dt)) continue;
+    if (lowbit && (!kn_dtype_lowbit(dt) || kn_dtype_x16_of(dt) != KN_DTYPE__COUNT)) continue;
     int K = 512, N = 37;
     uint8_t *w = rand_blocks(dt, N, K);
     float *wf = malloc(sizeof(float) * N * K);
@@ -295,7 +296,7 @@ TH_TEST(cpu_block_weights_give_the_dequantized_bits) {
   TH_REQUIRE(kn_cpu_backend_create_mode(2, KN_CPU_ISA_BEST, 1, &be) == 0);
   check_ops(be, "bf16 mode", 0);
   kn_backend_destroy(be);
-  /* the q8 mode has no integer kernels for Q3_K, IQ4_NL and IQ4_XS: their
+  /* the q8 mode has no integer kernels for Q3_K, IQ4_XS and Q2_K: their
    * inputs stay f32, with the exact mode's bits, on every table */
   for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
     TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0);
@@ -320,8 +321,14 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
   float *ref = malloc(sizeof(float) * T * N), *got = malloc(sizeof(float) * T * N);
   float *f32 = malloc(sizeof(float) * T * N), *one = malloc(sizeof(float) * N);
   TH_REQUIRE(w && xq && ref && got && f32 && one);
-  for (int r = 0; r < N; r++)
-    TH_REQUIRE(kn_quantize_row(dt, wf + (size_t)r * K, w + r * rb, (size_t)K) == 0);
+  if (kn_dtype_lowbit(dt)) { /* read from files only: random blocks */
+    uint8_t *rw = rand_blocks(dt, N, K);
+    memcpy(w, rw, rb * N);
+    free(rw);
+  } else {
+    for (int r = 0; r < N; r++)
+      TH_REQUIRE(kn_quantize_row(dt, wf + (size_t)r * K, w + r * rb, (size_t)K) == 0);
+  }
   for (int t = 0; t < T; t++)
     TH_REQUIRE(kn_quantize_row(KN_DTYPE_Q8_0, in + (size_t)t * K, xq + t * xb, (size_t)K) == 0);
   const int cut = N / 3 | 1; /* a rank's rows: [cut, N) */
@@ -485,8 +492,11 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
 TH_TEST(q8_mode_integer_dot_products) {
   kt_seed(8);
   static const int Ts[] = {1, 2, 3, 4, 5, 16, 33, 256};
-  for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++) {
-    const enum kn_dtype dt = made[i];
+  static const enum kn_dtype q8[] = {KN_DTYPE_Q8_0,   KN_DTYPE_Q4_0,  KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
+                                     KN_DTYPE_Q5_1,   KN_DTYPE_Q4_K,  KN_DTYPE_Q5_K, KN_DTYPE_Q6_K,
+                                     KN_DTYPE_IQ4_NL, KN_DTYPE_IQ4_XS};
+  for (size_t i = 0; i < sizeof(q8) / sizeof(q8[0]); i++) {
+    const enum kn_dtype dt = q8[i];
     const int sb = kn_block_elems(dt) == 256; /* K-quants: whole super-blocks */
     for (size_t k = 0; k < sizeof(Ts) / sizeof(Ts[0]); k++) {
       /* an even and an odd count of blocks (a K-quant's are even: 24, 8) */
@@ -501,18 +511,24 @@ TH_TEST(q8_mode_integer_dot_products) {
   check_q8_mode(KN_DTYPE_Q5_0, 640, 40, 256);
   check_q8_mode(KN_DTYPE_Q4_1, 640, 40, 256);
   check_q8_mode(KN_DTYPE_Q5_1, 640, 40, 256);
+  check_q8_mode(KN_DTYPE_IQ4_NL, 640, 40, 256);
   check_q8_mode(KN_DTYPE_Q8_0, 4096, 33, 100);
   /* two X16 groups a tile: 300 rows give each of two threads units of three
    * groups (one pair, one alone, then the rows past the groups); 33 tokens
    * one past the last tile of four; and one or two tokens against groups
    * larger than L1's share (4096 long rows) */
-  static const enum kn_dtype pairs[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
-                                        KN_DTYPE_Q5_1};
+  static const enum kn_dtype pairs[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1,
+                                        KN_DTYPE_Q5_0, KN_DTYPE_Q5_1, KN_DTYPE_IQ4_NL};
   for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
     check_q8_mode(pairs[i], 640, 300, 33);
     check_q8_mode(pairs[i], 4096, 300, 1);
     check_q8_mode(pairs[i], 4096, 300, 2);
   }
+  /* IQ4_XS's sub-blocks on the same tiles (its rows whole super-blocks) */
+  check_q8_mode(KN_DTYPE_IQ4_XS, 768, 300, 33);
+  check_q8_mode(KN_DTYPE_IQ4_XS, 4096, 300, 1);
+  check_q8_mode(KN_DTYPE_IQ4_XS, 4096, 300, 2);
+  check_q8_mode(KN_DTYPE_IQ4_XS, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q4_K, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q5_K, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q6_K, 768, 40, 256);
