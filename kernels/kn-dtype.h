@@ -37,16 +37,17 @@ enum kn_dtype {
   KN_DTYPE_Q4_1_X16 = 18,
   KN_DTYPE_Q5_1_X16 = 19,
   /* more of ggml's block formats, read from llama.cpp's files (Q2_K, Q3_K_S/M/L,
-   * IQ4_NL, IQ4_XS), on the CPU only (KN_CAP_BLOCK_LOWBIT): f32 inputs in every
-   * mode but IQ4_NL's and IQ4_XS's in the q8 mode */
+   * IQ4_NL, IQ4_XS), on the CPU only (KN_CAP_BLOCK_LOWBIT) */
   KN_DTYPE_Q3_K = 20,
   KN_DTYPE_IQ4_NL = 21,
   KN_DTYPE_IQ4_XS = 22,
   KN_DTYPE_Q2_K = 23,
-  /* IQ4_NL's and IQ4_XS's rows in the q8 mode's layout */
+  /* those formats' rows in the q8 mode's layout */
   KN_DTYPE_IQ4_NL_X16 = 24,
   KN_DTYPE_IQ4_XS_X16 = 25,
-  KN_DTYPE__COUNT = 26,
+  KN_DTYPE_Q3_K_X16 = 26,
+  KN_DTYPE_Q2_K_X16 = 27,
+  KN_DTYPE__COUNT = 28,
 };
 
 /* Bytes per element; 0 for an unknown value and for the block formats
@@ -89,6 +90,8 @@ static inline const char *kn_dtype_name(enum kn_dtype dt) {
   case KN_DTYPE_Q2_K: return "q2_k";
   case KN_DTYPE_IQ4_NL_X16: return "iq4_nlx16";
   case KN_DTYPE_IQ4_XS_X16: return "iq4_xsx16";
+  case KN_DTYPE_Q3_K_X16: return "q3_kx16";
+  case KN_DTYPE_Q2_K_X16: return "q2_kx16";
   default: return "?";
   }
 }
@@ -115,9 +118,11 @@ static inline int kn_block_elems(enum kn_dtype dt) {
   case KN_DTYPE_Q5_K_X16:
   case KN_DTYPE_Q6_K_X16:
   case KN_DTYPE_Q3_K:
+  case KN_DTYPE_Q3_K_X16:
   case KN_DTYPE_IQ4_XS:
   case KN_DTYPE_IQ4_XS_X16:
-  case KN_DTYPE_Q2_K: return 256;
+  case KN_DTYPE_Q2_K:
+  case KN_DTYPE_Q2_K_X16: return 256;
   default: return 0;
   }
 }
@@ -140,12 +145,14 @@ static inline size_t kn_block_bytes(enum kn_dtype dt) {
   case KN_DTYPE_Q5_K_X16: return 176;
   case KN_DTYPE_Q6_K:
   case KN_DTYPE_Q6_K_X16: return 210;
-  case KN_DTYPE_Q3_K: return 110;
+  case KN_DTYPE_Q3_K:
+  case KN_DTYPE_Q3_K_X16: return 110;
   case KN_DTYPE_IQ4_NL:
   case KN_DTYPE_IQ4_NL_X16: return 18;
   case KN_DTYPE_IQ4_XS:
   case KN_DTYPE_IQ4_XS_X16: return 136;
-  case KN_DTYPE_Q2_K: return 84;
+  case KN_DTYPE_Q2_K:
+  case KN_DTYPE_Q2_K_X16: return 84;
   default: return 0;
   }
 }
@@ -163,13 +170,15 @@ static inline enum kn_dtype kn_dtype_rows_of(enum kn_dtype dt) {
   case KN_DTYPE_Q6_K_X16: return KN_DTYPE_Q6_K;
   case KN_DTYPE_IQ4_NL_X16: return KN_DTYPE_IQ4_NL;
   case KN_DTYPE_IQ4_XS_X16: return KN_DTYPE_IQ4_XS;
+  case KN_DTYPE_Q3_K_X16: return KN_DTYPE_Q3_K;
+  case KN_DTYPE_Q2_K_X16: return KN_DTYPE_Q2_K;
   default: return dt;
   }
 }
 
 /* The rows-interleaved layout of dt's rows (KN_DTYPE_Q8_0_X16 for Q8_0,
- * _Q4_1_X16 and so on: Q8_0 .. Q6_K, IQ4_NL and IQ4_XS have one), KN_DTYPE__COUNT
- * for the other dtypes (Q3_K and Q2_K among them). */
+ * _Q4_1_X16 and so on: every block format has one), KN_DTYPE__COUNT for the
+ * other dtypes. */
 static inline enum kn_dtype kn_dtype_x16_of(enum kn_dtype dt) {
   switch (dt) {
   case KN_DTYPE_Q8_0: return KN_DTYPE_Q8_0_X16;
@@ -182,6 +191,8 @@ static inline enum kn_dtype kn_dtype_x16_of(enum kn_dtype dt) {
   case KN_DTYPE_Q6_K: return KN_DTYPE_Q6_K_X16;
   case KN_DTYPE_IQ4_NL: return KN_DTYPE_IQ4_NL_X16;
   case KN_DTYPE_IQ4_XS: return KN_DTYPE_IQ4_XS_X16;
+  case KN_DTYPE_Q3_K: return KN_DTYPE_Q3_K_X16;
+  case KN_DTYPE_Q2_K: return KN_DTYPE_Q2_K_X16;
   default: return KN_DTYPE__COUNT;
   }
 }
@@ -193,8 +204,8 @@ static inline int kn_dtype_lowbit(enum kn_dtype dt) {
   return r >= KN_DTYPE_Q3_K && r <= KN_DTYPE_Q2_K;
 }
 
-/* Whether dt is a rows-interleaved layout (KN_DTYPE_Q8_0_X16 .. _Q5_1_X16, _IQ4_NL_X16,
- * _IQ4_XS_X16). */
+/* Whether dt is a rows-interleaved layout (KN_DTYPE_Q8_0_X16 .. _Q5_1_X16,
+ * _IQ4_NL_X16 .. _Q2_K_X16). */
 static inline int kn_dtype_x16(enum kn_dtype dt) {
   return kn_dtype_rows_of(dt) != dt;
 }

@@ -534,6 +534,21 @@ static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pa
     }
     return;
   }
+  if (dt == KN_DTYPE_Q3_K || dt == KN_DTYPE_Q2_K) {
+    /* d (Q2_K: and dmin), then quads: the scales' (3 or 4), Q3_K's hmask's
+     * 8, q's 16 */
+    const int three = dt == KN_DTYPE_Q3_K, nd = three ? 1 : 2, ns = three ? 3 : 4,
+              nh = three ? 8 : 0;
+    for (int c = -nd; c < ns + nh + 16; c++) {
+      uint8_t *g = c < 0 ? grp + 32 * (c + nd) + 2 * i : grp + 32 * nd + 64 * c + 4 * i,
+              *r = c < 0         ? blk + (three ? 108 : 80 + 2 * (c + nd))
+                   : c < ns      ? blk + (three ? 96 : 0) + 4 * c
+                   : c < ns + nh ? blk + 4 * (c - ns)
+                                 : blk + (three ? 32 : 16) + 4 * (c - ns - nh);
+      memcpy(pack ? g : r, pack ? r : g, c < 0 ? 2 : 4);
+    }
+    return;
+  }
   if (kn_block_elems(dt) == 256) {
     /* Q4_K and Q5_K: d, dmin, then 3 + 32 quads (the scales', the nibbles')
      * and Q5_K's 8 of qh; Q6_K: d, then 4 + 32 + 16 quads (the scales', ql's,

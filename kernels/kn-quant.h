@@ -98,7 +98,7 @@ int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K);
  * stays as it is). */
 enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
 
-/* Rows side by side (KN_DTYPE_Q8_0_X16 .. _Q5_1_X16, _IQ4_NL_X16, _IQ4_XS_X16):
+/* Rows side by side (KN_DTYPE_Q8_0_X16 .. _Q5_1_X16, _IQ4_NL_X16 .. _Q2_K_X16):
  * the CPU's q8 mode lays the block formats' weights out so that one register
  * holds the same four elements of 16 rows, and one 32-bit broadcast of an
  * input's four meets them all (the kernels then need no sums across lanes;
@@ -122,7 +122,11 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
  * 288 + 64 c + 4 i, c < 32), qh's 64 (at 2336 + 64 c + 4 i, c < 16). IQ4_XS's (16 * 136 bytes): the
  * 16 d (at 2 i), the 16 dwords of scales_l (at 32 + 4 i), the 16 words of scales_h (at 96 + 2 i),
  * then the 128 bytes of nibbles four at a time (at 128 + 64 c + 4 i, c < 32: sub-block j's 16 bytes
- * are quads 4 j .. 4 j + 3, as a Q4_0 block's). The last n % 16 rows stay as they were, after the
+ * are quads 4 j .. 4 j + 3, as a Q4_0 block's). Q3_K's (16 * 110 bytes): the 16 d (at 2 i), the 12
+ * bytes of scales as three dwords (at 32 + 64 k + 4 i), hmask's 32 bytes four at a time (at 224 +
+ * 64 c + 4 i, c < 8), q's 64 (at 736 + 64 c + 4 i, c < 16). Q2_K's (16 * 84 bytes): the 16 d (at 2
+ * i), the 16 dmin (at 32 + 2 i), the 16 bytes of scales as four dwords (at 64 + 64 k + 4 i), q's 64
+ * bytes (at 320 + 64 c + 4 i, c < 16). The last n % 16 rows stay as they were, after the
  * groups: a row still starts at r * row_bytes when r is a multiple of 16, and n rows take the bytes
  * they took. */
 #define KN_X16_ROWS 16

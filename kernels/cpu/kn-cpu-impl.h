@@ -231,8 +231,9 @@ struct kn_cpu_dsp {
    * products (the weights' offsets applied; IQ4's levels), acc = fma((float)p, dw_b * dx_b, acc)
    * from acc = 0. Q4_1, Q5_1 and the K-quants the same a 32-element block (a K-quant's sub-block),
    * the formats with a min m_b then adding fma((float)sx_b, m_b * dx_b) (sx_b the block's input
-   * sum), Q6_K's p its halves' sums times their scales (kn-cpu-q8.c's q8dot_min_ref). NULL: the
-   * dtype has none (f32 inputs then). */
+   * sum), Q6_K's, Q3_K's and Q2_K's p its halves' sums times their scales, Q2_K's min their mins
+   * times their input sums (kn-cpu-q8.c's q8dot_min_ref). NULL: the dtype has none (f32 inputs
+   * then). */
   void (*q8dot[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,
                                  const uint8_t *w, size_t row_bytes, int K, int T, int n,
                                  int accumulate);
@@ -265,8 +266,8 @@ static inline size_t kn_cpu_packed_floats(int K, int n) {
 
 void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
 /* A table's q8 entries: prep, and its functions q8dot_<format> (q8dot_q8_0 ..
- * q8dot_q6_k, q8dot_iq4_nl, q8dot_iq4_xs, and the X16 layouts' q8dot_q8_0x16 ..
- * q8dot_iq4_xsx16), every table naming them alike. */
+ * q8dot_q6_k, q8dot_iq4_nl, q8dot_iq4_xs, q8dot_q3_k, q8dot_q2_k, and the X16 layouts'
+ * q8dot_q8_0x16 .. q8dot_q2_kx16), every table naming them alike. */
 #define KN_CPU_Q8_FILL(dsp, prep)                                                                  \
   do {                                                                                             \
     (dsp)->q8_prep = (prep);                                                                       \
@@ -290,6 +291,10 @@ void kn_cpu_dsp_init_ref(struct kn_cpu_dsp *dsp);
     (dsp)->q8dot[KN_DTYPE_IQ4_NL_X16] = q8dot_iq4_nlx16;                                           \
     (dsp)->q8dot[KN_DTYPE_IQ4_XS] = q8dot_iq4_xs;                                                  \
     (dsp)->q8dot[KN_DTYPE_IQ4_XS_X16] = q8dot_iq4_xsx16;                                           \
+    (dsp)->q8dot[KN_DTYPE_Q3_K] = q8dot_q3_k;                                                      \
+    (dsp)->q8dot[KN_DTYPE_Q3_K_X16] = q8dot_q3_kx16;                                               \
+    (dsp)->q8dot[KN_DTYPE_Q2_K] = q8dot_q2_k;                                                      \
+    (dsp)->q8dot[KN_DTYPE_Q2_K_X16] = q8dot_q2_kx16;                                               \
   } while (0)
 /* The q8 mode's reference dot products (kn-cpu-q8.c). */
 void kn_cpu_dsp_init_q8_ref(struct kn_cpu_dsp *dsp);

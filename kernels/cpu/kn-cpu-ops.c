@@ -399,7 +399,8 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
                       .T = T,
                       .K = K,
                       .shift =
-                          rdt == KN_DTYPE_Q4_0   ? 3
+                          rdt == KN_DTYPE_Q3_K   ? 2 /* q + 4 unsigned */
+                          : rdt == KN_DTYPE_Q4_0 ? 3
                           : rdt == KN_DTYPE_Q5_0 ? 4
                           : rdt == KN_DTYPE_Q6_K ? 5
                           : rdt == KN_DTYPE_Q8_0 || rdt == KN_DTYPE_IQ4_NL || rdt == KN_DTYPE_IQ4_XS

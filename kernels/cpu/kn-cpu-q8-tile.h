@@ -95,13 +95,21 @@ enum q8_kind {
   Q8K_IQ4_XS, /* its 32-element sub-blocks, each with a scale, as blocks */
   Q8K_Q4_K,
   Q8K_Q5_K,
-  Q8K_Q6_K
+  Q8K_Q6_K,
+  Q8K_Q3_K, /* a scale each 16 elements, as Q6_K (k16_tile) */
+  Q8K_Q2_K
 };
 
 /* Bytes of a kind's block (a K-quant's super-block). */
 static inline size_t kind_bytes(enum q8_kind k) {
-  static const size_t bytes[] = {34, 18, 20, 22, 24, 18, 136, 144, 176, 210};
+  static const size_t bytes[] = {34, 18, 20, 22, 24, 18, 136, 144, 176, 210, 110, 84};
   return bytes[k];
+}
+
+/* Whether a kind's scales cover 16 elements and its weights are 2-bit fields
+ * (Q3_K: and a third bit): k16_tile, row_k16. */
+static inline int kind_k16(enum q8_kind k) {
+  return k == Q8K_Q3_K || k == Q8K_Q2_K;
 }
 
 /* Whether a kind's weights are IQ4's levels (a nibble's of 16: iq4_table). */
@@ -119,7 +127,8 @@ static inline int kind_signed(enum q8_kind k) {
 
 /* Whether a kind takes tokens side by side (struct kn_cpu_q8_in's xi: tok_tile). */
 static inline int kind_xi(enum q8_kind k) {
-  return k == Q8K_Q8_0 || k == Q8K_Q4_0 || k >= Q8K_Q4_K || k == Q8K_Q4_1 || k == Q8K_Q5_1;
+  return k == Q8K_Q8_0 || k == Q8K_Q4_0 || (k >= Q8K_Q4_K && k <= Q8K_Q6_K) || k == Q8K_Q4_1 ||
+         k == Q8K_Q5_1;
 }
 
 /* Whether every weight adds a min (times the block's input sum). */
@@ -791,6 +800,86 @@ Q8T_ATTR static inline AI void row_k(const enum q8_kind kind, const int U, __m25
   }
 }
 
+/* Sub-block c (of 32 elements) of a Q3_K or Q2_K super-block as the bytes
+ * vpmaddubsw takes: q's 2-bit fields (Q3_K: q + 4, its third bit set where
+ * hmask's bit c is). */
+Q8T_ATTR static inline AI __m256i k16bytes(const enum q8_kind kind, const uint8_t *blk, int c) {
+  const int three = kind == Q8K_Q3_K;
+  __m256i q = _mm256_loadu_si256((const __m256i *)(blk + (three ? 32 : 16) + 32 * (c >> 2)));
+  q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (c & 3))), _mm256_set1_epi8(3));
+  if (!three) return q;
+  const __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
+  const __m256i h = c >= 2 ? _mm256_srl_epi16(hm, _mm_cvtsi32_si128(c - 2))
+                           : _mm256_sll_epi16(hm, _mm_cvtsi32_si128(2 - c));
+  return _mm256_or_si256(q, _mm256_and_si256(h, _mm256_set1_epi8(4)));
+}
+
+/* The sums of a block's halves of 16 from its eight lane sums s (the s lanes). */
+static inline AI void half_sums(const int32_t *s, int *h0, int *h1) {
+  *h0 = s[0] + s[1] + s[2] + s[3], *h1 = s[4] + s[5] + s[6] + s[7];
+}
+
+/* row_tile's Q3_K or Q2_K super-block from block b0: the eight rows' integer
+ * scales (and Q2_K's mins) a sub-block's in the lanes, each sub-block's
+ * eight rows summed in registers of their own (Q3_K from the offset's term)
+ * and reduced a half apart, then as q8dot_min_ref. */
+Q8T_ATTR static inline AI void row_k16(const enum q8_kind kind, const int U, __m256 *f,
+                                       const struct kn_cpu_q8_in *x, int t,
+                                       const uint8_t *const *rp, int B, int b0) {
+  const int three = kind == Q8K_Q3_K;
+  const size_t off = (size_t)(b0 >> 3) * kind_bytes(kind), B8 = (size_t)B * 8;
+  const uint8_t *xr = x->q + (size_t)t * x->ldq;
+  const float *dx = x->d + (size_t)t * (size_t)B;
+  const int32_t *s = x->s + (size_t)t * B8;
+  int32_t sc[16][8], mn[16][8];
+  for (int r = 0; r < 8; r++) {
+    const uint8_t *blk = rp[r] + off;
+    int8_t q3[16];
+    if (three) kn_q3k_scales(blk + 96, q3);
+    for (int j = 0; j < 16; j++) {
+      sc[j][r] = three ? q3[j] : blk[j] & 0xF;
+      mn[j][r] = three ? 0 : blk[j] >> 4;
+    }
+  }
+  const __m256 d = scales8(rp, off + (three ? 108 : 80)),
+               ndm = three ? _mm256_setzero_ps()
+                           : _mm256_xor_ps(scales8(rp, off + 82), _mm256_set1_ps(-0.0f));
+  for (int c = 0; c < 8; c++) {
+    const int b = b0 + c;
+    __m256i wv[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++)
+      wv[r] = k16bytes(kind, rp[r] + off, c);
+    const __m256i s0 = _mm256_loadu_si256((const __m256i *)sc[2 * c]),
+                  s1 = _mm256_loadu_si256((const __m256i *)sc[2 * c + 1]);
+#pragma GCC unroll 4
+    for (int u = 0; u < U; u++) {
+      const __m256i xv =
+          _mm256_loadu_si256((const __m256i *)(xr + (size_t)u * x->ldq + (size_t)b * 34 + 2));
+      const int32_t *su = s + (size_t)u * B8 + (size_t)b * 8;
+      const __m256i so = three ? _mm256_loadu_si256((const __m256i *)su) : _mm256_setzero_si256();
+      __m256i p[8], q0, q1;
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; r++)
+        p[r] = dot4(so, wv[r], xv);
+      hsum8_halves(p, &q0, &q1);
+      const __m256i P = _mm256_add_epi32(_mm256_mullo_epi32(s0, q0), _mm256_mullo_epi32(s1, q1));
+      const __m256 dxv = _mm256_set1_ps(dx[(size_t)u * (size_t)B + b]);
+      f[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(d, dxv), f[u]);
+      if (!three) {
+        int h0, h1;
+        half_sums(su, &h0, &h1);
+        const __m256i M =
+            _mm256_add_epi32(_mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)mn[2 * c]),
+                                                _mm256_set1_epi32(h0)),
+                             _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)mn[2 * c + 1]),
+                                                _mm256_set1_epi32(h1)));
+        f[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(ndm, dxv), f[u]);
+      }
+    }
+  }
+}
+
 /* Reduces eight rows' registers p[] and adds their sums (plus the offset's
  * term o) times the scales into f: lane r is row r's. */
 KN_AVX2 static inline AI __m256 row_fma(__m256 f, const __m256i *p, int o, __m256 dw, float dx) {
@@ -820,7 +909,10 @@ Q8T_ATTR static inline AI void row_tile(const enum q8_kind kind, const int U, fl
   for (int u = 0; u < U; u++)
     f[u] = _mm256_setzero_ps();
   int b = 0;
-  if (kind >= Q8K_Q4_K)
+  if (kind_k16(kind))
+    for (; b < B; b += 8)
+      row_k16(kind, U, f, x, t, rp, B, b);
+  else if (kind >= Q8K_Q4_K)
     for (; b < B; b += 8)
       row_k(kind, U, f, x, t, rp, B, b);
   if (kind == Q8K_Q4_0)
@@ -1407,6 +1499,104 @@ Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo
   }
 }
 
+/* Scale s (0..15) of the lanes' rows of a Q3_K super-block (less 32) or a
+ * Q2_K one (mn 0: the scale, 1: the min), from the dwords D[] of their scale
+ * bytes (kn_q3k_scales' bits; Q2_K's byte s, scale under min). */
+Q8T_ATTR static inline AI q8vi k16_sc(const enum q8_kind kind, const q8vi *D, int s, int mn) {
+  if (kind == Q8K_Q2_K) return vi_and(vi_srl32(D[s >> 2], 8 * (s & 3) + 4 * mn), vi_set1_32(0xF));
+  const int j = s & 3, grp = s >> 2;
+  const q8vi lo = vi_and(vi_srl32(D[grp & 1], 8 * j + 4 * (grp >> 1)), vi_set1_32(0xF)),
+             hi = vi_and(vi_srl32(D[2], 8 * j + 2 * grp), vi_set1_32(3));
+  return vi_add(vi_or(lo, vi_sll32(hi, 4)), vi_set1_32(-32));
+}
+
+/* U tokens from t (U <= Q8_6XU) against the 16 rows of a Q3_K or Q2_K X16
+ * group (g: its super-block 0, kn-quant.h's layout), rows in the lanes
+ * (Q8_TL at a time). Sub-block c (of 32 elements) of a super-block: q's
+ * quads 8 (c / 4) .. + 7 shifted right by 2 (c % 4), Q3_K's third bit bit c
+ * of hmask's quads (so that a byte is q + 4), against the inputs' eight
+ * quads; its halves (quads 0..3, 4..7) summed apart (Q3_K from the offset's
+ * term, -4 times their inputs' sum: the s lanes), then as q8dot_min_ref:
+ * sc0 p0 + sc1 p1 exactly, fma((float)p, d dx); Q2_K then fma((float)(mn0
+ * sx0 + mn1 sx1), -(dmin dx)). pfe as x16_tile's. */
+Q8T_ATTR static inline AI void k16_tile(const enum q8_kind kind, const int U, float *out,
+                                        ptrdiff_t ldo, const struct kn_cpu_q8_in *x, int t,
+                                        const uint8_t *g, int B, int acc, const uint8_t *pfe) {
+  const int three = kind == Q8K_Q3_K;
+  const size_t gb = KN_X16_ROWS * kind_bytes(kind);
+  const size_t sco = three ? 32 : 64, qso = three ? 736 : 320; /* the scales' and q's quads */
+  struct q8_xt xt;
+  xt_at(&xt, x, t, U, B);
+  /* 8 rows to a register (AVX2), a few tokens: both halves of the rows of
+   * each super-block in turn, in one sweep (x16_tile's reason) */
+  const int HV = KN_X16_ROWS / Q8_TL > 1 && U <= Q8_HV_U;
+  const int NS = HV ? 1 : KN_X16_ROWS / Q8_TL, NH = HV ? KN_X16_ROWS / Q8_TL : 1;
+#pragma GCC unroll 2
+  for (int hs = 0; hs < NS; hs++) { /* AVX2 without HV: rows 0..7, then 8..15 */
+    q8vf fs[2][Q8_6XU];
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
+      xt_zero(fs[hh], U);
+    for (int s = 0; s < B / 8; s++) {
+      const uint8_t *sb = g + (size_t)s * gb;
+#pragma GCC unroll 2
+      for (int hh = 0; hh < NH; hh++) {
+        const int h = HV ? hh : hs;
+        q8vf *f = fs[hh];
+        const q8vf d = vf_h16(sb + 2 * Q8_TL * h),
+                   ndm =
+                       three ? vf_zero() : vf_mul(vf_h16(sb + 32 + 2 * Q8_TL * h), vf_set1(-1.0f));
+        q8vi D[4]; /* (Q3_K's three, and the first of hmask's quads) */
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+          D[k] = vi_load(sb + sco + 64 * k + 4 * Q8_TL * h);
+#pragma GCC unroll 1
+        for (int c = 0; c < 8; c++) {
+          const int b = 8 * s + c;
+          prefetch_part(sb, gb, c, 8, h == 0 ? pfe : NULL);
+          q8vi a[Q8_6XU][2]; /* a token's halves */
+#pragma GCC unroll 4
+          for (int u = 0; u < U; u++) {
+            int h0 = 0, h1 = 0;
+            if (three) half_sums(xt.s[u] + (size_t)b * 8, &h0, &h1);
+            a[u][0] = vi_set1_32(h0), a[u][1] = vi_set1_32(h1);
+          }
+          const uint8_t *qs = sb + qso + 512 * (c >> 2) + 4 * Q8_TL * h,
+                        *hm = sb + 224 + 4 * Q8_TL * h;
+#pragma GCC unroll 8
+          for (int k = 0; k < 8; k++) {
+            q8vi w = vi_and(vi_srl16(vi_load(qs + 64 * k), 2 * (c & 3)), vi_set1_8(3));
+            if (three) { /* bit c of each hmask byte to bit 2 */
+              const q8vi H = vi_load(hm + 64 * k);
+              w = vi_or(w, vi_and(c >= 2 ? vi_srl16(H, c - 2) : vi_sll16(H, 2 - c), vi_set1_8(4)));
+            }
+#pragma GCC unroll 4
+            for (int u = 0; u < U; u++)
+              a[u][k >> 2] = vi_dot(a[u][k >> 2], w, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * k));
+          }
+          const q8vi s0 = k16_sc(kind, D, 2 * c, 0), s1 = k16_sc(kind, D, 2 * c + 1, 0);
+#pragma GCC unroll 4
+          for (int u = 0; u < U; u++) {
+            const q8vi P = vi_add(vi_mullo(s0, a[u][0]), vi_mullo(s1, a[u][1]));
+            const q8vf dxb = vf_set1(xt.d[u][b]);
+            f[u] = vf_fma(vf_cvt(P), vf_mul(d, dxb), f[u]);
+            if (!three) {
+              int h0, h1;
+              half_sums(xt.s[u] + (size_t)b * 8, &h0, &h1);
+              const q8vi M = vi_add(vi_mullo(k16_sc(kind, D, 2 * c, 1), vi_set1_32(h0)),
+                                    vi_mullo(k16_sc(kind, D, 2 * c + 1, 1), vi_set1_32(h1)));
+              f[u] = vf_fma(vf_cvt(M), vf_mul(ndm, dxb), f[u]);
+            }
+          }
+        }
+      }
+    }
+#pragma GCC unroll 2
+    for (int hh = 0; hh < NH; hh++)
+      xt_store(out, ldo, HV ? hh : hs, fs[hh], U, acc);
+  }
+}
+
 /* Tokens t .. t1 against the X16 group of rows j at g (x16_tile's, Q8_XU
  * tokens at a time; the first sweep, t 0, asks for the weights up to end). */
 Q8T_ATTR static inline AI void x16_tiles(const enum q8_kind kind, float *out, ptrdiff_t ldo,
@@ -1505,6 +1695,17 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
 #endif
         }
       }
+      for (int t = t0; t < t1 && kind_k16(kind); t += Q8_6XU) {
+        float *o = out + (ptrdiff_t)t * ldo + j;
+        const uint8_t *pfe = t == 0 ? end : NULL;
+        switch (t1 - t < Q8_6XU ? t1 - t : Q8_6XU) {
+        case 1: k16_tile(kind, 1, o, ldo, x, t, g, B, acc, pfe); break;
+        case 2: k16_tile(kind, 2, o, ldo, x, t, g, B, acc, pfe); break;
+#if Q8_6XU == 3
+        default: k16_tile(kind, 3, o, ldo, x, t, g, B, acc, pfe); break;
+#endif
+        }
+      }
       if (kind >= Q8K_Q4_K) continue;
       /* two groups a tile where two are left: many tokens, Q8_X2U at a time,
        * or one or two against long rows; then the tokens past the last such
@@ -1576,6 +1777,10 @@ DEF_INT_DOT(iq4_nl, Q8K_IQ4_NL, 0)
 DEF_INT_DOT(iq4_nlx16, Q8K_IQ4_NL, 1)
 DEF_INT_DOT(iq4_xs, Q8K_IQ4_XS, 0)
 DEF_INT_DOT(iq4_xsx16, Q8K_IQ4_XS, 1)
+DEF_INT_DOT(q3_k, Q8K_Q3_K, 0)
+DEF_INT_DOT(q3_kx16, Q8K_Q3_K, 1)
+DEF_INT_DOT(q2_k, Q8K_Q2_K, 0)
+DEF_INT_DOT(q2_kx16, Q8K_Q2_K, 1)
 
 /* ---- the inputs ----------------------------------------------------------------- */
 

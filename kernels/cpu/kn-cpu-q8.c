@@ -13,9 +13,11 @@
  * block's elements, side by side in a register's lanes (tokens when there
  * are several, rows when there is one), so a lane needs no reduction.
  *
- * Q4_1, Q5_1 and the K-quants: one integer a block (a K-quant's 32-element
- * sub-block) the same way, then for the formats with a min the min times
- * the block's input sum (q8dot_min_ref).
+ * Q4_1, Q5_1 and the K-quants (Q3_K and Q2_K among them): one integer a
+ * block (a K-quant's 32-element sub-block) the same way, its halves' sums
+ * times their integer scales where a scale covers 16 elements (Q6_K, Q3_K,
+ * Q2_K), then for the formats with a min the min times the block's input
+ * sum (Q2_K: the halves' mins times theirs; q8dot_min_ref).
  *
  * The AVX2 and AVX-512 VNNI versions give these bits. */
 #include <math.h>
@@ -116,6 +118,18 @@ static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d
       d[l] = dd * (float)sc[l / 4];
     return 0;
   }
+  case KN_DTYPE_Q3_K:
+  case KN_DTYPE_Q2_K: {
+    /* sub-block c: q's bytes 32 (c / 4) .. + 31 shifted right by 2 (c % 4);
+     * Q3_K's less 4 where bit c of hmask's byte is clear (the scales:
+     * half_scales) */
+    const int c = b & 7, three = dt == KN_DTYPE_Q3_K;
+    const uint8_t *blk = row + (size_t)(b >> 3) * (three ? 110 : 84);
+    const uint8_t *qs = blk + (three ? 32 : 16) + 32 * (c >> 2);
+    for (int l = 0; l < 32; l++)
+      q[l] = (qs[l] >> 2 * (c & 3) & 3) - (three && !(blk[l] >> c & 1) ? 4 : 0);
+    return 0;
+  }
   default: CM_ASSERT(0);
   }
   for (int l = 0; l < 8; l++)
@@ -154,13 +168,35 @@ static void q8dot_int_ref(enum kn_dtype dt, float *out, ptrdiff_t ldo, const uin
     }
 }
 
+/* The integer scales of 32-element sub-block c's two halves of 16 in the
+ * super-block blk of Q6_K, Q3_K (less 32) or Q2_K (and Q2_K's mins, m0 and
+ * m1), and the super-block's d (and Q2_K's dmin, *dm). */
+static void half_scales(enum kn_dtype dt, const uint8_t *blk, int c, int *s0, int *s1, int *m0,
+                        int *m1, float *dd, float *dm) {
+  if (dt == KN_DTYPE_Q6_K) {
+    const int8_t *sc = (const int8_t *)(blk + 192) + 2 * c;
+    *s0 = sc[0], *s1 = sc[1], *dd = kn_le_f16(blk + 208);
+  } else if (dt == KN_DTYPE_Q3_K) {
+    int8_t sc[16];
+    kn_q3k_scales(blk + 96, sc);
+    *s0 = sc[2 * c], *s1 = sc[2 * c + 1], *dd = kn_le_f16(blk + 108);
+  } else {
+    *s0 = blk[2 * c] & 0xF, *m0 = blk[2 * c] >> 4;
+    *s1 = blk[2 * c + 1] & 0xF, *m1 = blk[2 * c + 1] >> 4;
+    *dd = kn_le_f16(blk + 80), *dm = kn_le_f16(blk + 82);
+  }
+}
+
 /* Q4_1, Q5_1 and the K-quants: one integer a 32-element block (a K-quant's
  * sub-block). Q4_1, Q5_1, Q4_K and Q5_K: p = the exact sum of its 32 products
  * (q without its min), acc = fma((float)p, ds * dx, acc), then acc =
  * fma((float)sx, m * dx, acc) with sx the block's input sum (Q4_K and Q5_K:
  * ds = d * sc and m = -(dmin * min), each rounded once; weights()).
- * Q6_K: p = sc0 p0 + sc1 p1 exactly, p0 and p1 the sums of products of its
- * two halves (q - 32; |p| < 2^24), acc = fma((float)p, dd * dx, acc). */
+ * Q6_K, Q3_K and Q2_K (a scale each 16 elements): p = sc0 p0 + sc1 p1
+ * exactly, p0 and p1 the sums of products of its two halves (Q6_K's q - 32,
+ * Q3_K's q in -4 .. 3; |p| < 2^24), acc = fma((float)p, dd * dx, acc); Q2_K
+ * then acc = fma((float)(m0 sx0 + m1 sx1), -(dmin * dx), acc), sx0 and sx1
+ * the halves' input sums. */
 static void q8dot_min_ref(enum kn_dtype xdt, float *out, ptrdiff_t ldo, const uint8_t *x,
                           size_t ldx, const uint8_t *w, size_t row_bytes, int K, int T, int n,
                           int acc) {
@@ -184,20 +220,22 @@ static void q8dot_min_ref(enum kn_dtype xdt, float *out, ptrdiff_t ldo, const ui
         weights(dt, src, bi, q, dw, &m);
         const uint8_t *xb = xr + (size_t)b * 34;
         const float dx = kn_le_f16(xb);
-        int p0 = 0, p1 = 0, sx = 0;
+        int p0 = 0, p1 = 0, sx0 = 0, sx1 = 0;
         for (int e = 0; e < 32; e++) {
           const int v = (int8_t)xb[2 + e];
           *(e < 16 ? &p0 : &p1) += q[e] * v;
-          sx += v;
+          *(e < 16 ? &sx0 : &sx1) += v;
         }
-        if (dt == KN_DTYPE_Q6_K) {
-          const uint8_t *blk = src + (size_t)(bi >> 3) * 210;
-          const int c = b & 7;
-          const int8_t *sc = (const int8_t *)(blk + 192) + 8 * (c >> 2) + 2 * (c & 3);
-          a = fmaf((float)(sc[0] * p0 + sc[1] * p1), kn_le_f16(blk + 208) * dx, a);
+        if (dt == KN_DTYPE_Q6_K || dt == KN_DTYPE_Q3_K || dt == KN_DTYPE_Q2_K) {
+          int s0, s1, m0 = 0, m1 = 0;
+          float dd, dm = 0.0f;
+          half_scales(dt, src + (size_t)(bi >> 3) * kn_block_bytes(dt), b & 7, &s0, &s1, &m0, &m1,
+                      &dd, &dm);
+          a = fmaf((float)(s0 * p0 + s1 * p1), dd * dx, a);
+          if (dt == KN_DTYPE_Q2_K) a = fmaf((float)(m0 * sx0 + m1 * sx1), -(dm * dx), a);
         } else {
           a = fmaf((float)(p0 + p1), dw[0] * dx, a);
-          a = fmaf((float)sx, m * dx, a);
+          a = fmaf((float)(sx0 + sx1), m * dx, a);
         }
       }
       float *o = out + (ptrdiff_t)t * ldo + j;
@@ -233,6 +271,10 @@ DEF_REF(q5_1, q8dot_min_ref, KN_DTYPE_Q5_1)
 DEF_REF(q4_k, q8dot_min_ref, KN_DTYPE_Q4_K)
 DEF_REF(q5_k, q8dot_min_ref, KN_DTYPE_Q5_K)
 DEF_REF(q6_k, q8dot_min_ref, KN_DTYPE_Q6_K)
+DEF_REF(q3_k, q8dot_min_ref, KN_DTYPE_Q3_K)
+DEF_REF(q3_kx16, q8dot_min_ref, KN_DTYPE_Q3_K_X16)
+DEF_REF(q2_k, q8dot_min_ref, KN_DTYPE_Q2_K)
+DEF_REF(q2_kx16, q8dot_min_ref, KN_DTYPE_Q2_K_X16)
 
 static void q8_prep_ref(const float *x, int K, uint8_t *q, float *d, int32_t *s, int shift) {
   kn_quantize_row(KN_DTYPE_Q8_0, x, q, (size_t)K);

@@ -227,14 +227,11 @@ TH_TEST(quantization_matches_libggml) {
 
 /* The CPU ops over block weights give the bits of the same ops over the
  * dequantized f32 weights (T = 1, 3, 40 and 70: the matvec and the tile paths,
- * the latter on every table from T = 64); lowbit: only the formats of
- * KN_CAP_BLOCK_LOWBIT that have no X16 layout (the q8 mode has no integer
- * kernels for them). */
-static void check_ops(struct kn_backend *be, const char *what, int lowbit) {
+ * the latter on every table from T = 64). */
+static void check_ops(struct kn_backend *be, const char *what) {
   kt_seed(5);
   for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
     enum kn_dtype dt = all[i];
-    if (lowbit && (!kn_dtype_lowbit(dt) || kn_dtype_x16_of(dt) != KN_DTYPE__COUNT)) continue;
     int K = 512, N = 37;
     uint8_t *w = rand_blocks(dt, N, K);
     float *wf = malloc(sizeof(float) * N * K);
@@ -289,21 +286,14 @@ TH_TEST(cpu_block_weights_give_the_dequantized_bits) {
   for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
     struct kn_backend *be = NULL;
     TH_REQUIRE(kn_cpu_backend_create_isa(2, (enum kn_cpu_isa)isa, &be) == 0);
-    check_ops(be, kn_backend_name(be), 0);
+    check_ops(be, kn_backend_name(be));
     kn_backend_destroy(be);
   }
   struct kn_backend *be = NULL;
   TH_REQUIRE(kn_cpu_backend_create_mode(2, KN_CPU_ISA_BEST, 1, &be) == 0);
-  check_ops(be, "bf16 mode", 0);
+  check_ops(be, "bf16 mode");
   kn_backend_destroy(be);
-  /* the q8 mode has no integer kernels for Q3_K, IQ4_XS and Q2_K: their
-   * inputs stay f32, with the exact mode's bits, on every table */
-  for (int isa = KN_CPU_ISA_REF; isa <= KN_CPU_ISA_AVX512; isa++) {
-    TH_REQUIRE(kn_cpu_backend_create_mode(2, (enum kn_cpu_isa)isa, 2, &be) == 0);
-    TH_CHECK(kn_backend_has(be, KN_CAP_BLOCK_LOWBIT));
-    check_ops(be, "q8 mode", 1);
-    kn_backend_destroy(be);
-  }
+  /* (the q8 mode: q8_mode_integer_dot_products, every format) */
 }
 
 /* The q8 mode (--dtype q8): weights of every block format against inputs
@@ -492,9 +482,9 @@ static void check_q8_mode(enum kn_dtype dt, int K, int N, int T) {
 TH_TEST(q8_mode_integer_dot_products) {
   kt_seed(8);
   static const int Ts[] = {1, 2, 3, 4, 5, 16, 33, 256};
-  static const enum kn_dtype q8[] = {KN_DTYPE_Q8_0,   KN_DTYPE_Q4_0,  KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
-                                     KN_DTYPE_Q5_1,   KN_DTYPE_Q4_K,  KN_DTYPE_Q5_K, KN_DTYPE_Q6_K,
-                                     KN_DTYPE_IQ4_NL, KN_DTYPE_IQ4_XS};
+  static const enum kn_dtype q8[] = {
+      KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1,   KN_DTYPE_Q5_0,   KN_DTYPE_Q5_1, KN_DTYPE_Q4_K,
+      KN_DTYPE_Q5_K, KN_DTYPE_Q6_K, KN_DTYPE_IQ4_NL, KN_DTYPE_IQ4_XS, KN_DTYPE_Q3_K, KN_DTYPE_Q2_K};
   for (size_t i = 0; i < sizeof(q8) / sizeof(q8[0]); i++) {
     const enum kn_dtype dt = q8[i];
     const int sb = kn_block_elems(dt) == 256; /* K-quants: whole super-blocks */
@@ -532,9 +522,13 @@ TH_TEST(q8_mode_integer_dot_products) {
   check_q8_mode(KN_DTYPE_Q4_K, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q5_K, 768, 40, 256);
   check_q8_mode(KN_DTYPE_Q6_K, 768, 40, 256);
+  check_q8_mode(KN_DTYPE_Q3_K, 768, 40, 256);
+  check_q8_mode(KN_DTYPE_Q2_K, 768, 40, 256);
   /* the K-quants' last group of tokens on the tiles five long, past two of 16 */
-  for (int dt = KN_DTYPE_Q4_K; dt <= KN_DTYPE_Q6_K; dt++)
-    check_q8_mode((enum kn_dtype)dt, 512, 40, 37);
+  static const enum kn_dtype kq[] = {KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K, KN_DTYPE_Q3_K,
+                                     KN_DTYPE_Q2_K};
+  for (size_t i = 0; i < sizeof(kq) / sizeof(kq[0]); i++)
+    check_q8_mode(kq[i], 512, 40, 37);
   int mode = -1;
   char err[128];
   TH_CHECK(kn_backend_dtype_parse("q8", &mode, err, sizeof(err)) == 0 && mode == 2);
