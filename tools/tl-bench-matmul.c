@@ -10,7 +10,8 @@
  *                        [--from cache|memory] [--seconds S]
  *
  * The weights are random rows (a Gaussian of deviation 0.02, as a checkpoint's
- * linear layers) rounded to the format by kn_quantize_row, then laid out by
+ * linear layers) rounded to the format by kn_quantize_row (the formats lmserve
+ * reads but does not write, Q3_K, IQ4_NL, IQ4_XS and Q2_K: random blocks), then laid out by
  * kn_weights_prepare as a model's are (in huge pages on the CPU, as a worker
  * holds them). --from cache runs one matrix again and
  * again; --from memory runs copies of it in turn, 512 MiB of them at least, so
@@ -44,12 +45,33 @@ struct bm_conf {
   double seconds;
 };
 
-/* The weight format named s (f32, f16, bf16, q8_0 .. q6_k); KN_DTYPE__COUNT if none. */
+/* The weight format named s (f32, f16, bf16, q8_0 .. q6_k, q3_k, iq4_nl, iq4_xs, q2_k);
+ * KN_DTYPE__COUNT if none. */
 static enum kn_dtype bm_weight_dtype(const char *s) {
-  for (int d = KN_DTYPE_F32; d <= KN_DTYPE_Q6_K; d++)
-    if (d != KN_DTYPE_F8E4M3 && !strcmp(s, kn_dtype_name((enum kn_dtype)d)))
+  for (int d = KN_DTYPE_F32; d < KN_DTYPE__COUNT; d++)
+    if (d != KN_DTYPE_F8E4M3 && !kn_dtype_x16((enum kn_dtype)d) &&
+        !strcmp(s, kn_dtype_name((enum kn_dtype)d)))
       return (enum kn_dtype)d;
   return KN_DTYPE__COUNT;
+}
+
+/* A row of a format lmserve reads but does not write (kn_dtype_lowbit): random
+ * bytes from *s, each block's f16 scales (d, and Q2_K's dmin) a small value. */
+static void bm_lowbit_row(enum kn_dtype dt, uint8_t *dst, size_t row_bytes, uint64_t *s) {
+  for (size_t i = 0; i < row_bytes; i++) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    dst[i] = (uint8_t)(*s >> 56);
+  }
+  const size_t bb = kn_block_bytes(dt), d = dt == KN_DTYPE_Q3_K   ? 108
+                                            : dt == KN_DTYPE_Q2_K ? 80
+                                                                  : 0;
+  const uint16_t h = kn_f32_to_f16(0.001f);
+  for (size_t b = 0; b < row_bytes / bb; b++) {
+    memcpy(dst + b * bb + d, &h, 2);
+    if (dt == KN_DTYPE_Q2_K) memcpy(dst + b * bb + 82, &h, 2);
+  }
 }
 
 /* A Gaussian of deviation sd from the 64-bit state *s (Box-Muller over an xorshift). */
@@ -74,7 +96,9 @@ static int bm_weight(const struct bm_conf *c, uint8_t *w, size_t row_bytes) {
     for (int k = 0; k < c->K; k++)
       row[k] = bm_gauss(&s, 0.02f);
     uint8_t *dst = w + (size_t)n * row_bytes;
-    if (kn_block_elems(c->wdt)) {
+    if (kn_dtype_lowbit(c->wdt)) {
+      bm_lowbit_row(c->wdt, dst, row_bytes, &s);
+    } else if (kn_block_elems(c->wdt)) {
       rc = kn_quantize_row(c->wdt, row, dst, (size_t)c->K);
     } else {
       for (int k = 0; k < c->K; k++) {
@@ -160,8 +184,9 @@ int tl_bench_matmul_main(int argc, char **argv) {
   struct cm_strs tokens = {0};
   const struct cm_opt opts[] = {
       {"weights", CM_OPT_STR, &weights, "DT",
-       "weight format: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k "
-       "(default q8_0)"},
+       "weight format: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q3_k, "
+       "iq4_nl, iq4_xs, q2_k (the last four random blocks: lmserve reads them, does not write "
+       "them; default q8_0)"},
       {"rows", CM_OPT_INT, &rows, "N", "output features, the weight's rows (default 1536)", 1,
        1 << 20},
       {"cols", CM_OPT_INT, &cols, "K", "input features, whole blocks of the format (default 1152)",

@@ -824,7 +824,7 @@ int wk_worker_main(int argc, char **argv) {
     cm_info(TAG,
             "%.1f MB of block-format weights run with f32 inputs: exact to the dequantized "
             "model; --dtype q8 rounds their inputs to 8-bit blocks as llama.cpp does, and "
-            "decodes faster (Q2_K, Q3_K and IQ4_XS keep f32 inputs there too)",
+            "decodes faster",
             (double)wk_model_block_bytes(m) / 1e6);
   /* the beat thread must not take the signals: the main thread's polls see EINTR */
   sigset_t block_set, old_set;

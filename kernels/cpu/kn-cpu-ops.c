@@ -393,7 +393,7 @@ static int q8_inputs(struct kn_cpu_ctx *ctx, const float *in, ptrdiff_t ldi, enu
                       .q = ctx->xq,
                       .d = ctx->xd,
                       .s = ctx->xs,
-                      /* the block sums (every format but the f32-only ones) */
+                      /* the block sums (the formats with an X16 layout: all) */
                       .o = kn_dtype_x16_of(rdt) != KN_DTYPE__COUNT || mink ? ctx->xo : NULL,
                       .ldq = ldx,
                       .T = T,

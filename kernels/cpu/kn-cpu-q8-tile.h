@@ -274,6 +274,7 @@ typedef __m512 q8vf;
 #define Q8_XU           8 /* tokens of an X16 tile: each register of weights serves them all */
 #define Q8_KXU          4 /* tokens of Q4_K's X16 tile: two accumulators each */
 #define Q8_6XU          3 /* of Q6_K's: four each */
+#define Q8_K16U            6 /* of Q3_K's and Q2_K's: three each */
 #else
 #define Q8_TL           8
 typedef __m256i q8vi;
@@ -317,6 +318,7 @@ typedef __m256 q8vf;
 #define Q8_XU           4 /* AVX2's 16 registers */
 #define Q8_KXU          2
 #define Q8_6XU          2
+#define Q8_K16U            2
 #endif
 
 /* Rows of a tile of tokens side by side, and its registers of tokens (NG of
@@ -1510,7 +1512,7 @@ Q8T_ATTR static inline AI q8vi k16_sc(const enum q8_kind kind, const q8vi *D, in
   return vi_add(vi_or(lo, vi_sll32(hi, 4)), vi_set1_32(-32));
 }
 
-/* U tokens from t (U <= Q8_6XU) against the 16 rows of a Q3_K or Q2_K X16
+/* U tokens from t (U <= Q8_K16U) against the 16 rows of a Q3_K or Q2_K X16
  * group (g: its super-block 0, kn-quant.h's layout), rows in the lanes
  * (Q8_TL at a time). Sub-block c (of 32 elements) of a super-block: q's
  * quads 8 (c / 4) .. + 7 shifted right by 2 (c % 4), Q3_K's third bit bit c
@@ -1533,7 +1535,7 @@ Q8T_ATTR static inline AI void k16_tile(const enum q8_kind kind, const int U, fl
   const int NS = HV ? 1 : KN_X16_ROWS / Q8_TL, NH = HV ? KN_X16_ROWS / Q8_TL : 1;
 #pragma GCC unroll 2
   for (int hs = 0; hs < NS; hs++) { /* AVX2 without HV: rows 0..7, then 8..15 */
-    q8vf fs[2][Q8_6XU];
+    q8vf fs[2][Q8_K16U];
 #pragma GCC unroll 2
     for (int hh = 0; hh < NH; hh++)
       xt_zero(fs[hh], U);
@@ -1554,8 +1556,8 @@ Q8T_ATTR static inline AI void k16_tile(const enum q8_kind kind, const int U, fl
         for (int c = 0; c < 8; c++) {
           const int b = 8 * s + c;
           prefetch_part(sb, gb, c, 8, h == 0 ? pfe : NULL);
-          q8vi a[Q8_6XU][2]; /* a token's halves */
-#pragma GCC unroll 4
+          q8vi a[Q8_K16U][2]; /* a token's halves */
+#pragma GCC unroll 8
           for (int u = 0; u < U; u++) {
             int h0 = 0, h1 = 0;
             if (three) half_sums(xt.s[u] + (size_t)b * 8, &h0, &h1);
@@ -1570,12 +1572,14 @@ Q8T_ATTR static inline AI void k16_tile(const enum q8_kind kind, const int U, fl
               const q8vi H = vi_load(hm + 64 * k);
               w = vi_or(w, vi_and(c >= 2 ? vi_srl16(H, c - 2) : vi_sll16(H, 2 - c), vi_set1_8(4)));
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int u = 0; u < U; u++)
               a[u][k >> 2] = vi_dot(a[u][k >> 2], w, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * k));
           }
-          const q8vi s0 = k16_sc(kind, D, 2 * c, 0), s1 = k16_sc(kind, D, 2 * c + 1, 0);
-#pragma GCC unroll 4
+          const q8vi s0 = k16_sc(kind, D, 2 * c, 0), s1 = k16_sc(kind, D, 2 * c + 1, 0),
+                     m0 = three ? vi_zero() : k16_sc(kind, D, 2 * c, 1),
+                     m1 = three ? vi_zero() : k16_sc(kind, D, 2 * c + 1, 1);
+#pragma GCC unroll 8
           for (int u = 0; u < U; u++) {
             const q8vi P = vi_add(vi_mullo(s0, a[u][0]), vi_mullo(s1, a[u][1]));
             const q8vf dxb = vf_set1(xt.d[u][b]);
@@ -1583,8 +1587,7 @@ Q8T_ATTR static inline AI void k16_tile(const enum q8_kind kind, const int U, fl
             if (!three) {
               int h0, h1;
               half_sums(xt.s[u] + (size_t)b * 8, &h0, &h1);
-              const q8vi M = vi_add(vi_mullo(k16_sc(kind, D, 2 * c, 1), vi_set1_32(h0)),
-                                    vi_mullo(k16_sc(kind, D, 2 * c + 1, 1), vi_set1_32(h1)));
+              const q8vi M = vi_add(vi_mullo(m0, vi_set1_32(h0)), vi_mullo(m1, vi_set1_32(h1)));
               f[u] = vf_fma(vf_cvt(M), vf_mul(ndm, dxb), f[u]);
             }
           }
@@ -1695,14 +1698,19 @@ Q8T_ATTR static inline AI void int_dot(const enum q8_kind kind, const int il, fl
 #endif
         }
       }
-      for (int t = t0; t < t1 && kind_k16(kind); t += Q8_6XU) {
+      for (int t = t0; t < t1 && kind_k16(kind); t += Q8_K16U) {
         float *o = out + (ptrdiff_t)t * ldo + j;
         const uint8_t *pfe = t == 0 ? end : NULL;
-        switch (t1 - t < Q8_6XU ? t1 - t : Q8_6XU) {
+        switch (t1 - t < Q8_K16U ? t1 - t : Q8_K16U) {
         case 1: k16_tile(kind, 1, o, ldo, x, t, g, B, acc, pfe); break;
+#if Q8_K16U == 6
         case 2: k16_tile(kind, 2, o, ldo, x, t, g, B, acc, pfe); break;
-#if Q8_6XU == 3
-        default: k16_tile(kind, 3, o, ldo, x, t, g, B, acc, pfe); break;
+        case 3: k16_tile(kind, 3, o, ldo, x, t, g, B, acc, pfe); break;
+        case 4: k16_tile(kind, 4, o, ldo, x, t, g, B, acc, pfe); break;
+        case 5: k16_tile(kind, 5, o, ldo, x, t, g, B, acc, pfe); break;
+        default: k16_tile(kind, 6, o, ldo, x, t, g, B, acc, pfe); break;
+#else
+        default: k16_tile(kind, 2, o, ldo, x, t, g, B, acc, pfe); break;
 #endif
         }
       }

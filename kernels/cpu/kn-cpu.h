@@ -43,7 +43,7 @@ int kn_cpu_backend_create(int n_threads, struct kn_backend **out);
 int kn_cpu_backend_create_isa(int n_threads, enum kn_cpu_isa isa, struct kn_backend **out);
 
 /* bf16 == 2: the q8 mode instead (--dtype q8): matmuls over block-format
- * weights (Q8_0 .. Q6_K) take their inputs rounded to Q8_0 blocks and sum integer products,
+ * weights (every block format) take their inputs rounded to Q8_0 blocks and sum integer products,
  * as llama.cpp's quantized dot products do (kn_cpu_dsp.q8dot); everything
  * else as in the default mode.
  *

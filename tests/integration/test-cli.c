@@ -167,6 +167,8 @@ TH_TEST(cli_bench_matmul) {
       {"q6_k", "auto", "cache", "laid out as q6_k"},
       {"bf16", "bfloat16", "cache", "laid out as bf16"},
       {"q4_0", "q8", "memory", "; the probe "},
+      {"q2_k", "q8", "cache", "laid out as q2_kx16"}, /* read-only formats: random blocks */
+      {"iq4_xs", "auto", "cache", "laid out as iq4_xs"},
   };
   for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
     TH_CHECK_EQ_INT(th_lmserve(&o, 60000, "bench", "matmul", "--weights", runs[i][0], "--dtype",
@@ -181,7 +183,8 @@ TH_TEST(cli_bench_matmul) {
     TH_CHECK(said);
   }
   static const struct th_refusal cases[] = {
-      {{"bench", "matmul", "--weights", "q3_k"}, 2, "unknown format 'q3_k'"},
+      {{"bench", "matmul", "--weights", "q8_0x16"}, 2, "unknown format 'q8_0x16'"},
+      {{"bench", "matmul", "--weights", "iq2_xs"}, 2, "unknown format 'iq2_xs'"},
       {{"bench", "matmul", "--weights", "q4_k", "--cols", "288"}, 2, "not whole blocks of q4_k"},
       {{"bench", "matmul", "--tokens", "1,0"}, 2, "'0' is not a count"},
       {{"bench", "matmul", "--from", "disk"}, 2, "neither cache nor memory"},
