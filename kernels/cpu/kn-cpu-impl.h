@@ -238,7 +238,7 @@ struct kn_cpu_dsp {
                                  const uint8_t *w, size_t row_bytes, int K, int T, int n,
                                  int accumulate);
   /* The same bits for an X16 weight's groups alone (n a multiple of 16) on
-   * matrix tiles, where the table has them (AMX-INT8: Q8_0 .. Q5_K; not Q6_K, IQ4_NL, IQ4_XS, Q3_K,
+   * matrix tiles, where the table has them (AMX-INT8: Q8_0 .. Q6_K; not IQ4_NL, IQ4_XS, Q3_K,
    * Q2_K), taken at KN_CPU_Q8_TILE_TOKENS tokens and more (kn-cpu-ops.c's q8_rows); NULL otherwise.
    */
   void (*q8tiles[KN_DTYPE__COUNT])(float *out, ptrdiff_t ldo, const struct kn_cpu_q8_in *x,

@@ -9,14 +9,16 @@
  *   Q8T_ZMM   1: tokens side by side 16 to a 512-bit register, 0: 8 to a
  *             256-bit one.
  *
- * Every format sums one integer a 32-element block (a K-quant's sub-block),
+ * Every format sums one integer a 32-element block (a K-quant's sub-block;
+ * Q6_K, Q3_K and Q2_K one a half of 16, each times its integer scale),
  * kn-cpu-q8.c's definitions, with outputs side by side in the lanes. In the
  * layouts the q8 mode gives every block format at load (16 rows side by side,
- * kn-quant.h's X16) the rows are, at every T (x16_tile; kx16_tile for Q4_K and
- * Q5_K, q6x16_tile for Q6_K); rows as a file has them (a matrix of fewer than
- * 16 rows, the last n % 16 of one, weights not prepared) take tokens side by
- * side (int_dot's tok_tile, from KN_CPU_Q8_TOKENS tokens; not Q5_0) or rows
- * gathered eight at a time (row_tile: a few tokens, and Q5_0 at every T).
+ * kn-quant.h's X16) the rows are, at every T (x16_tile, IQ4_NL's and IQ4_XS's
+ * too; kx16_tile for Q4_K and Q5_K, q6x16_tile for Q6_K, k16_tile for Q3_K
+ * and Q2_K); rows as a file has them (a matrix of fewer than 16 rows, the
+ * last n % 16 of one, weights not prepared) take tokens side by side (int_dot's
+ * tok_tile, from KN_CPU_Q8_TOKENS tokens: kind_xi's formats) or rows gathered
+ * eight at a time (row_tile: a few tokens, and the other formats at every T).
  *
  * An output's operations are kn-cpu-q8.c's whatever the tile, so a row's
  * result does not depend on T or on the rows beside it. */
@@ -84,7 +86,8 @@ KN_AVX2 static inline AI __m256i nib32(const uint8_t *p) {
 
 /* ---- register tiles ------------------------------------------------------------- */
 
-/* (the K-quants last: from Q8K_Q4_K on, a kind's blocks are super-blocks) */
+/* (the K-quants last: from Q8K_Q4_K on, a kind's blocks are super-blocks;
+ * IQ4_XS's are too, and every use of its blocks says so) */
 enum q8_kind {
   Q8K_Q8_0,
   Q8K_Q4_0,
