@@ -57,19 +57,12 @@ static int weights(enum kn_dtype dt, const uint8_t *row, int b, int *q, float *d
     if (one) *m = kn_le_f16(blk + 2), has_m = 1;
     break;
   }
-  case KN_DTYPE_IQ4_NL: { /* Q4_0's bytes, a nibble's level */
-    const uint8_t *blk = row + (size_t)b * 18, *n = blk + 2;
-    s = kn_le_f16(blk);
-    for (int j = 0; j < 16; j++) {
-      q[j] = kn_iq4_levels[n[j] & 0xF];
-      q[j + 16] = kn_iq4_levels[n[j] >> 4];
-    }
-    break;
-  }
-  case KN_DTYPE_IQ4_XS: { /* sub-block b % 8: Q4_0's bytes, scale d (sc - 32) */
-    const int sb = b & 7;
-    const uint8_t *blk = row + (size_t)(b >> 3) * 136, *n = blk + 8 + 16 * sb;
-    s = kn_le_f16(blk) * (float)kn_iq4xs_scale(blk, sb);
+  case KN_DTYPE_IQ4_NL:
+  case KN_DTYPE_IQ4_XS: { /* Q4_0's bytes, levels (IQ4_XS: sub-block b % 8, d (sc - 32)) */
+    const int xs = dt == KN_DTYPE_IQ4_XS, sb = b & 7;
+    const uint8_t *blk = row + (xs ? (size_t)(b >> 3) * 136 : (size_t)b * 18),
+                  *n = blk + (xs ? 8 + 16 * sb : 2);
+    s = xs ? kn_le_f16(blk) * (float)kn_iq4xs_scale(blk, sb) : kn_le_f16(blk);
     for (int j = 0; j < 16; j++) {
       q[j] = kn_iq4_levels[n[j] & 0xF];
       q[j + 16] = kn_iq4_levels[n[j] >> 4];
