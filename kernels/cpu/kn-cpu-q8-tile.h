@@ -15,10 +15,11 @@
  * layouts the q8 mode gives every block format at load (16 rows side by side,
  * kn-quant.h's X16) the rows are, at every T (x16_tile, IQ4_NL's and IQ4_XS's
  * too; kx16_tile for Q4_K and Q5_K, q6x16_tile for Q6_K, k16_tile for Q3_K
- * and Q2_K); rows as a file has them (a matrix of fewer than 16 rows, the
- * last n % 16 of one, weights not prepared) take tokens side by side (int_dot's
- * tok_tile, from KN_CPU_Q8_TOKENS tokens: kind_xi's formats) or rows gathered
- * eight at a time (row_tile: a few tokens, and the other formats at every T).
+ * and Q2_K, k16_quads for their decode); rows as a file has them (a matrix
+ * of fewer than 16 rows, the last n % 16 of one, weights not prepared) take
+ * tokens side by side (int_dot's tok_tile, from KN_CPU_Q8_TOKENS tokens:
+ * kind_xi's formats) or rows gathered eight at a time (row_tile: a few
+ * tokens, and the other formats at every T).
  *
  * An output's operations are kn-cpu-q8.c's whatever the tile, so a row's
  * result does not depend on T or on the rows beside it. */
@@ -278,6 +279,7 @@ typedef __m512 q8vf;
 #define Q8_KXU          4 /* tokens of Q4_K's X16 tile: two accumulators each */
 #define Q8_6XU          3 /* of Q6_K's: four each */
 #define Q8_K16U            6 /* of Q3_K's and Q2_K's: three each */
+#define Q8_K16G            2 /* of theirs a quad group at a time: eight each */
 #else
 #define Q8_TL           8
 typedef __m256i q8vi;
@@ -322,6 +324,7 @@ typedef __m256 q8vf;
 #define Q8_KXU          2
 #define Q8_6XU          2
 #define Q8_K16U            2
+#define Q8_K16G            1
 #endif
 
 /* Rows of a tile of tokens side by side, and its registers of tokens (NG of
@@ -1515,6 +1518,91 @@ Q8T_ATTR static inline AI q8vi k16_sc(const enum q8_kind kind, const q8vi *D, in
   return vi_add(vi_or(lo, vi_sll32(hi, 4)), vi_set1_32(-32));
 }
 
+/* The power of 2 that k16_quads' sums of sub-block j (of a quad group) carry. */
+static inline AI int k16_sh(const enum q8_kind kind, int j) {
+  if (kind == Q8K_Q3_K) return j < 3 ? 2 * j : 2;
+  return j < 3 || Q8T_DPBUSD ? 2 * j : 0;
+}
+
+/* Sub-block c = 4 G + j's fields from a quad Q of q (and H of hmask), times
+ * 2^k16_sh: q's bits 2 j, 2 j + 1 in place, Q3_K's third bit (bit c of H)
+ * moved to 2 j + 2, so that one mask takes them. Where a byte cannot hold a
+ * field in place they move down: Q3_K's j = 3 ((7 << 6) > 255) to (q + 4 h)
+ * << 2, Q2_K's j = 3 to bit 0 under vpmaddubsw, whose pairs 2 x 192 x 127
+ * would saturate. A 16-bit shift moves a byte's bit within the byte, which the
+ * mask keeps. */
+Q8T_ATTR static inline AI q8vi k16_field(const enum q8_kind kind, q8vi Q, q8vi H, int j, int c) {
+  if (kind == Q8K_Q2_K)
+    return k16_sh(kind, j) == 2 * j ? vi_and(Q, vi_set1_8(3 << 2 * j))
+                                    : vi_and(vi_srl16(Q, 6), vi_set1_8(3));
+  const int to = j < 3 ? 2 * j + 2 : 4, n = c - to; /* where bit c of H goes */
+  const q8vi w = j < 3 ? vi_and(Q, vi_set1_8(3 << 2 * j)) : vi_and(vi_srl16(Q, 4), vi_set1_8(0xC));
+  const q8vi hb = n > 0 ? vi_srl16(H, n) : n < 0 ? vi_sll16(H, -n) : H;
+  return vi_or(w, vi_and(hb, vi_set1_8(1 << to)));
+}
+
+/* k16_tile's sweep of a super-block half h (sb, its scale dwords D, d, and
+ * Q2_K's -dmin ndm) for U <= Q8_K16G tokens (decode): the four sub-blocks c
+ * = 4 G + j of q's quad group G at once, each of q's quads and hmask's
+ * loaded once for the four and each field taken with one mask (k16_field).
+ * Sub-block j's sums carry 2^k16_sh (Q3_K's offset term is entered times it
+ * too), and so does sc0 p0 + sc1 p1 (under 2^24 in magnitude), which an
+ * arithmetic shift makes k16_tile's integer exactly; then as k16_tile. */
+Q8T_ATTR static inline AI void k16_quads(const enum q8_kind kind, const int U, q8vf *f,
+                                         const struct q8_xt *xt, const uint8_t *sb, size_t gb,
+                                         int h, int s, const q8vi *D, q8vf d, q8vf ndm,
+                                         const uint8_t *pfe) {
+  const int three = kind == Q8K_Q3_K;
+  const uint8_t *hm = sb + 224 + 4 * Q8_TL * h;
+#pragma GCC unroll 1
+  for (int G = 0; G < 2; G++) {
+    const uint8_t *qs = sb + (three ? 736 : 320) + 512 * G + 4 * Q8_TL * h;
+    q8vi a[4][2][Q8_K16G]; /* sub-block j's halves, a token's */
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+#pragma GCC unroll 2
+      for (int u = 0; u < U; u++) {
+        int h0 = 0, h1 = 0;
+        if (three) half_sums(xt->s[u] + (size_t)(8 * s + 4 * G + j) * 8, &h0, &h1);
+        a[j][0][u] = vi_set1_32(h0 * (1 << k16_sh(kind, j)));
+        a[j][1][u] = vi_set1_32(h1 * (1 << k16_sh(kind, j)));
+      }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+      if (!(k & 1)) prefetch_part(sb, gb, 4 * G + k / 2, 8, h == 0 ? pfe : NULL);
+      const q8vi Q = vi_load(qs + 64 * k), H = three ? vi_load(hm + 64 * k) : vi_zero();
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; j++) {
+        const q8vi w = k16_field(kind, Q, H, j, 4 * G + j);
+        const size_t xo = 34 * (size_t)(8 * s + 4 * G + j) + 4 * k;
+#pragma GCC unroll 2
+        for (int u = 0; u < U; u++)
+          a[j][k >> 2][u] = vi_dot(a[j][k >> 2][u], w, vi_bcast4(xt->q[u] + xo));
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+      const int c = 4 * G + j, b = 8 * s + c, sh = k16_sh(kind, j);
+      const q8vi s0 = k16_sc(kind, D, 2 * c, 0), s1 = k16_sc(kind, D, 2 * c + 1, 0),
+                 m0 = three ? vi_zero() : k16_sc(kind, D, 2 * c, 1),
+                 m1 = three ? vi_zero() : k16_sc(kind, D, 2 * c + 1, 1);
+#pragma GCC unroll 2
+      for (int u = 0; u < U; u++) {
+        const q8vi p = vi_add(vi_mullo(s0, a[j][0][u]), vi_mullo(s1, a[j][1][u])),
+                   P = sh ? vi_sra32(p, sh) : p;
+        const q8vf dxb = vf_set1(xt->d[u][b]);
+        f[u] = vf_fma(vf_cvt(P), vf_mul(d, dxb), f[u]);
+        if (!three) {
+          int h0, h1;
+          half_sums(xt->s[u] + (size_t)b * 8, &h0, &h1);
+          const q8vi M = vi_add(vi_mullo(m0, vi_set1_32(h0)), vi_mullo(m1, vi_set1_32(h1)));
+          f[u] = vf_fma(vf_cvt(M), vf_mul(ndm, dxb), f[u]);
+        }
+      }
+    }
+  }
+}
+
 /* U tokens from t (U <= Q8_K16U) against the 16 rows of a Q3_K or Q2_K X16
  * group (g: its super-block 0, kn-quant.h's layout), rows in the lanes
  * (Q8_TL at a time). Sub-block c (of 32 elements) of a super-block: q's
@@ -1555,6 +1643,10 @@ Q8T_ATTR static inline AI void k16_tile(const enum q8_kind kind, const int U, fl
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++)
           D[k] = vi_load(sb + sco + 64 * k + 4 * Q8_TL * h);
+        if (U <= Q8_K16G) {
+          k16_quads(kind, U, f, &xt, sb, gb, h, s, D, d, ndm, pfe);
+          continue;
+        }
 #pragma GCC unroll 1
         for (int c = 0; c < 8; c++) {
           const int b = 8 * s + c;
