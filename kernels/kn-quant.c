@@ -514,6 +514,35 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K) {
   return fb != KN_DTYPE__COUNT && K % 32 == 0 ? fb : KN_DTYPE__COUNT;
 }
 
+/* Q3_K's 12 bytes of scales q (kn_q3k_scales) as its X16 layout's three dwords D: scale s < 15 in
+ * dword s / 5 at bit 6 (s % 5), as a 6-bit two's complement (scale less 32), and scale 15's bits
+ * 2 k, 2 k + 1 at bits 30, 31 of dword k; so that an arithmetic shift takes all but one (pack), or
+ * back (unpack). */
+static void q3k_x16_scales(uint8_t *q, uint32_t D[3], int pack) {
+  int8_t sc[16];
+  if (pack) {
+    kn_q3k_scales(q, sc);
+    for (int k = 0; k < 3; k++) {
+      D[k] = (uint32_t)(sc[15] & 63) >> 2 * k << 30;
+      for (int m = 0; m < 5; m++)
+        D[k] |= (uint32_t)(sc[5 * k + m] & 63) << 6 * m;
+    }
+    return;
+  }
+  int raw[16]; /* the scales' 6 bits as the block has them (scale + 32) */
+  for (int s = 0; s < 16; s++) {
+    const uint32_t f = s < 15 ? D[s / 5] >> 6 * (s % 5) & 63
+                              : (D[0] >> 30) | (D[1] >> 30) << 2 | (D[2] >> 30) << 4;
+    raw[s] = (int)(f ^ 32);
+  }
+  for (int j = 0; j < 4; j++) {
+    q[j] = (uint8_t)((raw[j] & 15) | (raw[8 + j] & 15) << 4);
+    q[4 + j] = (uint8_t)((raw[4 + j] & 15) | (raw[12 + j] & 15) << 4);
+    q[8 + j] = (uint8_t)(raw[j] >> 4 | raw[4 + j] >> 4 << 2 | raw[8 + j] >> 4 << 4 |
+                         raw[12 + j] >> 4 << 6);
+  }
+}
+
 /* Row i's block at blk and its place in a block of an X16 group at grp
  * (kn-quant.h's layouts; for the 32-element formats the scale at 2 i, Q4_1's and Q5_1's min at 32 +
  * 2 i, quad c at h + 64 c + 4 i after the h = 32 or 64 bytes of those, Q5_0's and Q5_1's fifth bits
@@ -539,14 +568,24 @@ static void x16_copy(uint8_t *grp, uint8_t *blk, int i, enum kn_dtype dt, int pa
      * 8, q's 16 */
     const int three = dt == KN_DTYPE_Q3_K, nd = three ? 1 : 2, ns = three ? 3 : 4,
               nh = three ? 8 : 0;
+    uint32_t D[3];
+    if (three && pack) q3k_x16_scales(blk + 96, D, 1);
     for (int c = -nd; c < ns + nh + 16; c++) {
       uint8_t *g = c < 0 ? grp + 32 * (c + nd) + 2 * i : grp + 32 * nd + 64 * c + 4 * i,
               *r = c < 0         ? blk + (three ? 108 : 80 + 2 * (c + nd))
                    : c < ns      ? blk + (three ? 96 : 0) + 4 * c
                    : c < ns + nh ? blk + 4 * (c - ns)
                                  : blk + (three ? 32 : 16) + 4 * (c - ns - nh);
-      memcpy(pack ? g : r, pack ? r : g, c < 0 ? 2 : 4);
+      if (three && c >= 0 && c < ns) { /* the scales' dwords, rearranged */
+        if (pack)
+          for (int k = 0; k < 4; k++)
+            g[k] = (uint8_t)(D[c] >> 8 * k);
+        else
+          D[c] = kn_le32(g);
+      } else
+        memcpy(pack ? g : r, pack ? r : g, c < 0 ? 2 : 4);
     }
+    if (three && !pack) q3k_x16_scales(blk + 96, D, 0);
     return;
   }
   if (kn_block_elems(dt) == 256) {

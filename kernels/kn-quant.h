@@ -123,7 +123,9 @@ enum kn_dtype kn_quant_row_type(enum kn_dtype dt, size_t K);
  * 16 d (at 2 i), the 16 dwords of scales_l (at 32 + 4 i), the 16 words of scales_h (at 96 + 2 i),
  * then the 128 bytes of nibbles four at a time (at 128 + 64 c + 4 i, c < 32: sub-block j's 16 bytes
  * are quads 4 j .. 4 j + 3, as a Q4_0 block's). Q3_K's (16 * 110 bytes): the 16 d (at 2 i), the 12
- * bytes of scales as three dwords (at 32 + 64 k + 4 i), hmask's 32 bytes four at a time (at 224 +
+ * bytes of scales as three dwords (at 32 + 64 k + 4 i) whose bits are rearranged (scale s < 15 at
+ * bit 6 (s % 5) of dword s / 5 as a 6-bit two's complement, less 32; scale 15's bits 2 k, 2 k + 1
+ * at bits 30, 31 of dword k), hmask's 32 bytes four at a time (at 224 +
  * 64 c + 4 i, c < 8), q's 64 (at 736 + 64 c + 4 i, c < 16). Q2_K's (16 * 84 bytes): the 16 d (at 2
  * i), the 16 dmin (at 32 + 2 i), the 16 bytes of scales as four dwords (at 64 + 64 k + 4 i), q's 64
  * bytes (at 320 + 64 c + 4 i, c < 16). The last n % 16 rows stay as they were, after the

@@ -1509,13 +1509,14 @@ Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo
 
 /* Scale s (0..15) of the lanes' rows of a Q3_K super-block (less 32) or a
  * Q2_K one (mn 0: the scale, 1: the min), from the dwords D[] of their scale
- * bytes (kn_q3k_scales' bits; Q2_K's byte s, scale under min). */
+ * bytes (Q3_K's as the X16 layout rearranges them: s < 15 a 6-bit two's
+ * complement at bit 6 (s % 5) of D[s / 5], s = 15 two bits at the top of
+ * each; Q2_K's byte s, scale under min). */
 Q8T_ATTR static inline AI q8vi k16_sc(const enum q8_kind kind, const q8vi *D, int s, int mn) {
   if (kind == Q8K_Q2_K) return vi_and(vi_srl32(D[s >> 2], 8 * (s & 3) + 4 * mn), vi_set1_32(0xF));
-  const int j = s & 3, grp = s >> 2;
-  const q8vi lo = vi_and(vi_srl32(D[grp & 1], 8 * j + 4 * (grp >> 1)), vi_set1_32(0xF)),
-             hi = vi_and(vi_srl32(D[2], 8 * j + 2 * grp), vi_set1_32(3));
-  return vi_add(vi_or(lo, vi_sll32(hi, 4)), vi_set1_32(-32));
+  if (s < 15) return vi_sra32(vi_sll32(D[s / 5], 26 - 6 * (s % 5)), 26);
+  return vi_or(vi_or(vi_srl32(D[0], 30), vi_and(vi_srl32(D[1], 28), vi_set1_32(0xC))),
+               vi_sll32(vi_sra32(D[2], 30), 4));
 }
 
 /* The power of 2 that k16_quads' sums of sub-block j (of a quad group) carry. */
