@@ -238,7 +238,8 @@ unsigned kn_fused_check(struct kn_backend *be, double tol, char *why, size_t why
 /* The block-format ops of be (kn_matmul at T = 1, 3 accumulating, 8, 13 and
  * 37; kn_matmul_argmax with a softcap at T = 2, 13 and 37; kn_embed;
  * kn_embed_dev)
- * for every block format, on rows of 3 blocks and 37 outputs, against the
+ * for every block format (those of kn_dtype_lowbit on random blocks), on rows
+ * of 3 blocks and 37 outputs, against the
  * host's reference (kn-block-check.c): kn_dequant_row's values, rounded to
  * bf16 with the inputs in calls of more than bf16_above rows, products
  * summed in double. A matmul output may differ by tol times the sum of its

@@ -77,7 +77,7 @@ enum kn_backend_cap {
   KN_CAP_BLOCK_WEIGHTS = 1u << 3,
   /* The block formats llama.cpp's 2- and 3-bit and non-linear files add
    * (Q3_K, IQ4_NL, IQ4_XS, Q2_K: kn_dtype_lowbit) as KN_CAP_BLOCK_WEIGHTS has
-   * the others; the CPU's. */
+   * the others; dropped alone where only their kernels fail the check. */
   KN_CAP_BLOCK_LOWBIT = 1u << 4,
 };
 

@@ -154,7 +154,8 @@ static void bc_embed(struct bchk *c, int dev) {
     }
 }
 
-/* One format's problems: weights quantized from random values, inputs. */
+/* One format's problems: weights quantized from random values (the formats of
+ * kn_dtype_lowbit, which nothing here writes, random blocks), inputs. */
 static void bc_format(struct bchk *c, enum kn_dtype dt) {
   c->dt = dt;
   c->K = (kn_block_elems(dt) == 32 ? BC_BLOCKS32 : BC_BLOCKS) * kn_block_elems(dt);
@@ -176,10 +177,14 @@ static void bc_format(struct bchk *c, enum kn_dtype dt) {
   int rc = wq && row && c->x && c->wf && c->o && c->w_d && c->x_d && c->o_d && c->s_d && c->id_d
                ? 0
                : CM_ERR_NOMEM;
+  /* the formats read from files only: random blocks (small finite scales) */
+  if (!rc && kn_dtype_lowbit(dt)) kn_random_blocks(dt, wq, wb / kn_block_bytes(dt), &c->rng);
   for (int n = 0; !rc && n < BC_N; n++) {
-    for (int k = 0; k < K; k++) /* rows of different magnitudes, some entries zero */
-      row[k] = (k % 29 == 3 ? 0.0f : bc_rand(c)) * (float)(1 + n % 5) * 0.25f;
-    rc = kn_quantize_row(dt, row, wq + (size_t)n * c->rb, (size_t)K);
+    if (!kn_dtype_lowbit(dt)) {
+      for (int k = 0; k < K; k++) /* rows of different magnitudes, some entries zero */
+        row[k] = (k % 29 == 3 ? 0.0f : bc_rand(c)) * (float)(1 + n % 5) * 0.25f;
+      rc = kn_quantize_row(dt, row, wq + (size_t)n * c->rb, (size_t)K);
+    }
     kn_dequant_row(dt, wq + (size_t)n * c->rb, c->wf + (size_t)n * K, (size_t)K);
   }
   for (size_t i = 0; !rc && i < (size_t)BC_T * ldi; i++)
@@ -213,7 +218,7 @@ unsigned kn_block_check(struct kn_backend *be, int bf16_above, double tol, char 
   struct bchk c = {.be = be, .bf16_above = bf16_above, .tol = tol, .why = why, .whylen = whylen};
   if (why && whylen) why[0] = 0;
   c.rng = 0x626c6f636bull; /* fixed: the same problems every time */
-  for (int dt = KN_DTYPE_Q8_0; dt <= KN_DTYPE_Q6_K; dt++)
-    bc_format(&c, (enum kn_dtype)dt);
+  for (int dt = KN_DTYPE_Q8_0; dt <= KN_DTYPE_Q2_K; dt++)
+    if (dt <= KN_DTYPE_Q6_K || dt >= KN_DTYPE_Q3_K) bc_format(&c, (enum kn_dtype)dt);
   return c.bad;
 }

@@ -37,7 +37,7 @@ enum kn_dtype {
   KN_DTYPE_Q4_1_X16 = 18,
   KN_DTYPE_Q5_1_X16 = 19,
   /* more of ggml's block formats, read from llama.cpp's files (Q2_K, Q3_K_S/M/L,
-   * IQ4_NL, IQ4_XS), on the CPU only (KN_CAP_BLOCK_LOWBIT) */
+   * IQ4_NL, IQ4_XS), where a backend has KN_CAP_BLOCK_LOWBIT */
   KN_DTYPE_Q3_K = 20,
   KN_DTYPE_IQ4_NL = 21,
   KN_DTYPE_IQ4_XS = 22,

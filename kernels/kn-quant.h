@@ -91,6 +91,12 @@ void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K);
  * dtypes, CM_ERR_INVAL when K is not whole blocks (256 for the K-quants). */
 int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K);
 
+/* n blocks of the block format dt at dst, of random bytes (the xorshift state
+ * *rng moves on) whose f16 scales are small and finite (|d| < 0.02, |dmin| <
+ * 0.02 or 0.01): valid blocks of any format, those kn_quantize_row cannot
+ * write included, for the checks of kernels (kn_block_check) and tests. */
+void kn_random_blocks(enum kn_dtype dt, void *dst, size_t n, uint64_t *rng);
+
 /* The block format a row of K elements is quantized to when dt is asked for:
  * dt where K is whole blocks of it, else llama.cpp's fallback to 32-element
  * blocks for rows that are not whole 256-blocks (Q4_K -> Q5_0, Q5_K -> Q5_1,

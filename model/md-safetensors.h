@@ -37,7 +37,7 @@ enum md_st_dtype {
   MD_ST_Q4_K = 12,
   MD_ST_Q5_K = 13,
   MD_ST_Q6_K = 14,
-  MD_ST_Q3_K = 15, /* the CPU's only (kernels' KN_CAP_BLOCK_LOWBIT) */
+  MD_ST_Q3_K = 15, /* these four: kernels' KN_CAP_BLOCK_LOWBIT */
   MD_ST_IQ4_NL = 16,
   MD_ST_IQ4_XS = 17,
   MD_ST_Q2_K = 18,

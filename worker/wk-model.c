@@ -443,8 +443,8 @@ static int block_ok(struct binder *b, const struct md_tensor *t, enum wk_shard s
   else if (kn_dtype_lowbit(dt) && !kn_backend_has(b->m->be, KN_CAP_BLOCK_LOWBIT))
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_UNSUPPORTED,
                     "%s: %s is %s, and the %s backend has no kernels for q2_k, q3_k, iq4_nl "
-                    "and iq4_xs (the CPU has): run a file of other types (Q4_K_M, Q4_0, Q8_0) "
-                    "here",
+                    "and iq4_xs that passed its check at start-up (the CPU has): run a file of "
+                    "other types (Q4_K_M, Q4_0, Q8_0) here",
                     t->file, name, kn_dtype_name(dt), kn_backend_name(b->m->be));
   else if (b->quant && b->role == W_LINEAR)
     b->rc = cm_fail(b->err, b->errlen, CM_ERR_INVAL,

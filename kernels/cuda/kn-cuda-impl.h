@@ -497,8 +497,9 @@ int kn_cuda_op_sample(void *ctx, struct kn_sample_out *out, const float *logits,
 int kn_cuda_op_kv_write(void *ctx, const struct kn_kv_view *view, const int32_t *slot_mapping,
                         const float *k, ptrdiff_t ldk, const float *v, ptrdiff_t ldv, int T);
 /* Block-format weights (kn-cuda-quant.c): the matmul (T, N, K > 0), and
- * kn_block_check run on a new backend, which drops KN_CAP_BLOCK_WEIGHTS from
- * be, saying why, when a kernel differs; an error only when the check broke
+ * kn_block_check run on a new backend, which drops KN_CAP_BLOCK_WEIGHTS and
+ * KN_CAP_BLOCK_LOWBIT from be, saying why, when a kernel differs (only the
+ * latter where only formats of kn_dtype_lowbit did); an error only when the check broke
  * the device context. */
 int kn_cuda_matmul_q(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const float *in,
                      ptrdiff_t ldi, const void *w, enum kn_dtype wdt, int T, int N, int K,

@@ -66,17 +66,18 @@ int kn_cuda_matmul_q(struct kn_cuda_ctx *c, float *out, ptrdiff_t ldo, const flo
   return 0;
 }
 
-/* Warns that block formats are refused, naming the formats of bad (bits
- * 1u << dtype) and the first failure, why. */
-static void warn_refused(unsigned bad, const char *why) {
+/* Warns that block formats (only_low: only kn_dtype_lowbit's) are refused,
+ * naming the formats of bad (bits 1u << dtype) and the first failure, why. */
+static void warn_refused(unsigned bad, int only_low, const char *why) {
   char names[96] = "";
   for (int dt = 0; dt < KN_DTYPE__COUNT; dt++)
     if (bad & 1u << dt)
       snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", *names ? " " : "",
                kn_dtype_name((enum kn_dtype)dt));
   cm_warn("cuda",
-          "weights in block formats (GGUF files, --quantization q8_0|q4_0|q4_k) are refused on "
-          "this device: the kernels of %s failed their check (%s)",
+          "weights in %s are refused on this device: the kernels of %s failed their check (%s)",
+          only_low ? "q3_k, iq4_nl, iq4_xs and q2_k (llama.cpp's Q2_K, Q3_K and IQ4 files)"
+                   : "block formats (GGUF files, --quantization q8_0|q4_0|q4_k)",
           names, why);
 }
 
@@ -104,9 +105,14 @@ int kn_cuda_quant_check(struct kn_backend *be, struct kn_cuda_ctx *c) {
   unsigned bad = kn_block_check(be, c->qgemv ? KN_CUDA_QGEMV_T : 0, 3e-5, why, sizeof why);
   c->qtile_rows = keep;
   (void)cudaGetLastError(); /* a failure inside is reported here, not left pending */
+  /* a failing format of kn_dtype_lowbit takes only those formats with it */
   if (bad) {
-    be->caps &= ~(unsigned)KN_CAP_BLOCK_WEIGHTS;
-    warn_refused(bad, why);
+    unsigned low = 0;
+    for (int dt = 0; dt < KN_DTYPE__COUNT; dt++)
+      low |= kn_dtype_lowbit((enum kn_dtype)dt) ? 1u << dt : 0u;
+    be->caps &=
+        ~(unsigned)(bad & ~low ? KN_CAP_BLOCK_WEIGHTS | KN_CAP_BLOCK_LOWBIT : KN_CAP_BLOCK_LOWBIT);
+    warn_refused(bad, !(bad & ~low), why);
   }
   /* a fault that broke the context (not a mere mismatch) fails the backend */
   KN_CUDA_CHECK(cudaStreamSynchronize(c->stream));

@@ -1,5 +1,6 @@
 /* kn-cuda-quant.cu — ggml's block formats (kn-quant.h: Q8_0, Q4_0, Q4_1,
- * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) on the device, from the packed bytes:
+ * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and Q3_K, IQ4_NL, IQ4_XS, Q2_K) on the
+ * device, from the packed bytes:
  *
  *   - the few-rows matmul (T <= KN_CUDA_GEMV_MAX_T a launch): a warp per one
  *     to four weight rows, each lane loading 8 consecutive elements of every
@@ -229,6 +230,10 @@ static cudaError_t qembed(cudaStream_t s, float *out, ptrdiff_t ldo, const void 
   case KN_DTYPE_Q4_K: return fn<KN_DTYPE_Q4_K>(__VA_ARGS__);                                       \
   case KN_DTYPE_Q5_K: return fn<KN_DTYPE_Q5_K>(__VA_ARGS__);                                       \
   case KN_DTYPE_Q6_K: return fn<KN_DTYPE_Q6_K>(__VA_ARGS__);                                       \
+  case KN_DTYPE_Q3_K: return fn<KN_DTYPE_Q3_K>(__VA_ARGS__);                                       \
+  case KN_DTYPE_IQ4_NL: return fn<KN_DTYPE_IQ4_NL>(__VA_ARGS__);                                   \
+  case KN_DTYPE_IQ4_XS: return fn<KN_DTYPE_IQ4_XS>(__VA_ARGS__);                                   \
+  case KN_DTYPE_Q2_K: return fn<KN_DTYPE_Q2_K>(__VA_ARGS__);                                       \
   default: return cudaErrorInvalidValue;                                                           \
   }
 

@@ -111,7 +111,18 @@ KN_QFMT(KN_DTYPE_Q5_1, 32, 24);
 KN_QFMT(KN_DTYPE_Q4_K, 256, 144);
 KN_QFMT(KN_DTYPE_Q5_K, 256, 176);
 KN_QFMT(KN_DTYPE_Q6_K, 256, 210);
+KN_QFMT(KN_DTYPE_Q3_K, 256, 110);
+KN_QFMT(KN_DTYPE_IQ4_NL, 32, 18);
+KN_QFMT(KN_DTYPE_IQ4_XS, 256, 136);
+KN_QFMT(KN_DTYPE_Q2_K, 256, 84);
 #undef KN_QFMT
+
+/* IQ4_NL's and IQ4_XS's level of nibble x (kn_iq4_levels), from the sixteen
+ * int8 levels packed into two words (no table in memory on either side). */
+KN_QHD float q_iq4_level(uint32_t x) {
+  const unsigned long long lo = 0xF6EADDCFBFAD9881ull, hi = 0x7159453526190D01ull;
+  return (float)(int8_t)(uint8_t)((x & 8u ? hi : lo) >> (8u * (x & 7u)));
+}
 
 /* Elements 8j .. 8j + 7 of the block at b into v. */
 template <int DT> KN_QHD void oct(const uint8_t *b, int j, float v[8]) {
@@ -164,6 +175,46 @@ template <int DT> KN_QHD void oct(const uint8_t *b, int j, float v[8]) {
       int x = (int)(s & 1 ? q_byte(q, i) >> 4 : q_byte(q, i) & 0xFu);
       if (five) x += (q_byte(qh, i) >> s) & 1u ? 16 : 0;
       v[i] = q_sub(q_mul(d1, (float)x), m1);
+    }
+  } else if (DT == KN_DTYPE_IQ4_NL || DT == KN_DTYPE_IQ4_XS) {
+    /* Q4_0's nibble order in each 32 elements (IQ4_NL's block; IQ4_XS's
+     * sub-block s, its 16 bytes of q at b + 8 + 16 s, scale dl = d (sc - 32)) */
+    const int xs = DT == KN_DTYPE_IQ4_XS, s = xs ? e0 / 32 : 0, jj = xs ? j % 4 : j;
+    float dl = q_f16(b);
+    if (xs) {
+      const int sc = (int)((b[4 + s / 2] >> 4 * (s % 2)) & 0xFu) |
+                     (int)((q_ld16(b + 2) >> 2 * s) & 3u) << 4;
+      dl = q_mul(dl, (float)(sc - 32));
+    }
+    q_ld64(b + (xs ? 8 + 16 * s : 2) + 8 * (jj & 1), q);
+    KN_QUNROLL
+    for (int i = 0; i < 8; i++)
+      v[i] = q_mul(dl, q_iq4_level(q_byte(q, i) >> 4 * (jj >> 1) & 0xFu));
+  } else if (DT == KN_DTYPE_Q3_K || DT == KN_DTYPE_Q2_K) {
+    /* chunk c of 32 elements: q's bytes 32 (c / 4) + l shifted right by
+     * 2 (c % 4); Q3_K less 4 where bit c of hmask[l] is clear, times d times
+     * its scale 2 c + l / 16 (6 bits in the 12 bytes at b + 96, less 32);
+     * Q2_K times d times the scale byte's low nibble, less dmin times its high */
+    const int three = DT == KN_DTYPE_Q3_K, c = e0 / 32, l0 = e0 % 32, is = 2 * c + l0 / 16;
+    float dl, ml = 0.0f;
+    if (three) {
+      const int jj = is & 3, g = is >> 2;
+      const int sc = (int)((b[96 + jj + 4 * (g & 1)] >> 4 * (g >> 1)) & 0xFu) |
+                     (int)((b[104 + jj] >> 2 * g) & 3u) << 4;
+      dl = q_mul(q_f16(b + 108), (float)(sc - 32));
+    } else {
+      const uint32_t sc = b[is];
+      dl = q_mul(q_f16(b + 80), (float)(sc & 0xFu));
+      ml = q_mul(q_f16(b + 82), (float)(sc >> 4));
+    }
+    uint32_t hm[2] = {0u, 0u};
+    q_ld64(b + (three ? 32 : 16) + 32 * (c / 4) + l0, q);
+    if (three) q_ld64(b + l0, hm);
+    KN_QUNROLL
+    for (int i = 0; i < 8; i++) {
+      int x = (int)((q_byte(q, i) >> 2 * (c % 4)) & 3u);
+      if (three) x -= (q_byte(hm, i) >> c) & 1u ? 0 : 4;
+      v[i] = three ? q_mul(dl, (float)x) : q_sub(q_mul(dl, (float)x), ml);
     }
   } else { /* Q6_K */
     /* halves of 128 elements; in each, quarter g of 32: ql[l + 32 (g & 1)]'s

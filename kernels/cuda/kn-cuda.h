@@ -20,13 +20,14 @@
 #include "lmserve-config.h"
 
 /* What the CUDA backend can do (kn-backend.h): device memory, kn_sample on
- * the device, collectives over NCCL where the build has NCCL; the registry's
+ * the device, collectives over NCCL where the build has NCCL, every block
+ * format (those its check at creation passes); the registry's
  * automatic choice prefers it to the CPU. These two are plain constants,
  * usable in builds without CUDA. */
 #if LMSERVE_HAVE_NCCL
-#define KN_CUDA_CAPS (KN_CAP_SAMPLE | KN_CAP_ALLREDUCE | KN_CAP_BLOCK_WEIGHTS)
+#define KN_CUDA_CAPS (KN_CAP_SAMPLE | KN_CAP_ALLREDUCE | KN_CAP_BLOCK_WEIGHTS | KN_CAP_BLOCK_LOWBIT)
 #else
-#define KN_CUDA_CAPS (KN_CAP_SAMPLE | KN_CAP_BLOCK_WEIGHTS)
+#define KN_CUDA_CAPS (KN_CAP_SAMPLE | KN_CAP_BLOCK_WEIGHTS | KN_CAP_BLOCK_LOWBIT)
 #endif
 #define KN_CUDA_PRIORITY 100
 

@@ -2,7 +2,8 @@
  * formats (kn-cuda-quant.cuh: row_oct<DT>, which the few-rows matmul, the
  * bf16 tiles and the embedding all read through) run on the host: every
  * format's rows, quantized from random values and made of random bytes
- * (finite scales), give kn_dequant_row's bits octet by octet. Needs no
+ * (finite scales; the formats of llama.cpp's files that nothing here writes,
+ * random bytes only), give kn_dequant_row's bits octet by octet. Needs no
  * device, so the CPU-only runs check the indexing of every layout. */
 #include <stdlib.h>
 #include <string.h>
@@ -24,31 +25,19 @@ static uint32_t next_u32() {
   return (uint32_t)(g_rng >> 32);
 }
 
-/* The byte offsets of a block's f16 scales (d, and dmin or m where dt has
- * one; else -1). */
-static void scale_offsets(enum kn_dtype dt, int off[2]) {
-  off[0] = dt == KN_DTYPE_Q6_K ? 208 : 0;
-  off[1] = dt == KN_DTYPE_Q4_1 || dt == KN_DTYPE_Q5_1 || dt == KN_DTYPE_Q4_K || dt == KN_DTYPE_Q5_K
-               ? 2
-               : -1;
-}
-
 /* Row r of the case: quantized from values of a few magnitudes (with zeros),
- * or for every third row random bytes whose f16 scales are kept finite. */
+ * or for every third row, and every row of the formats kn_quantize_row cannot
+ * write, random blocks (kn_random_blocks: finite scales). */
 static void make_row(enum kn_dtype dt, int r, uint8_t *q, float *x, int K) {
-  for (int k = 0; k < K; k++)
-    x[k] =
-        k % 17 == 5 ? 0.0f : ((float)(next_u32() >> 8) / 16777216.0f - 0.5f) * (float)(1 + r % 9);
-  TH_REQUIRE(kn_quantize_row(dt, x, q, (size_t)K) == 0);
-  if (r % 3 != 2) return;
-  const size_t bb = kn_block_bytes(dt), rb = kn_row_bytes(dt, (size_t)K);
-  for (size_t i = 0; i < rb; i++)
-    q[i] = (uint8_t)next_u32();
-  int off[2];
-  scale_offsets(dt, off);
-  for (size_t b = 0; b < rb / bb; b++)
-    for (int j = 0; j < 2 && off[j] >= 0; j++)
-      q[b * bb + (size_t)off[j] + 1] &= 0xbf; /* exponent below 31: finite */
+  if (!kn_dtype_lowbit(dt) && r % 3 != 2) {
+    for (int k = 0; k < K; k++)
+      x[k] = k % 17 == 5 ? 0.0f
+                         : ((float)(next_u32() >> 8) / 16777216.0f - 0.5f) * (float)(1 + r % 9);
+    TH_REQUIRE(kn_quantize_row(dt, x, q, (size_t)K) == 0);
+    return;
+  }
+  uint64_t s = (uint64_t)next_u32() << 1 | 1;
+  kn_random_blocks(dt, q, (size_t)K / (size_t)kn_block_elems(dt), &s);
 }
 
 template <int DT> static void check_format() {
@@ -83,4 +72,8 @@ TH_TEST(block_decode_gives_the_reference_bits) {
   check_format<KN_DTYPE_Q4_K>();
   check_format<KN_DTYPE_Q5_K>();
   check_format<KN_DTYPE_Q6_K>();
+  check_format<KN_DTYPE_Q3_K>();
+  check_format<KN_DTYPE_IQ4_NL>();
+  check_format<KN_DTYPE_IQ4_XS>();
+  check_format<KN_DTYPE_Q2_K>();
 }

@@ -1,6 +1,7 @@
 /* test-cuda-quant.c — weights in ggml's block formats on the device
  * (kn-cuda-quant.c, kn-cuda-quant.cu): the backend offers them
- * (KN_CAP_BLOCK_WEIGHTS, its check at creation passed); for every format the
+ * (KN_CAP_BLOCK_WEIGHTS and KN_CAP_BLOCK_LOWBIT, its check at creation
+ * passed); for every format the
  * few-rows matmul (T <= 32 in launches of 8: exact f32 values, so the CPU's
  * results to f32 rounding), the bf16 tiles through cuBLAS (more rows, over
  * several tiles),
@@ -24,17 +25,23 @@
 #define TOL_GEMV 1e-10
 #define TOL_TILE 1e-4
 
-static const enum kn_dtype k_fmts[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,
-                                       KN_DTYPE_Q5_1, KN_DTYPE_Q4_K, KN_DTYPE_Q5_K, KN_DTYPE_Q6_K};
+static const enum kn_dtype k_fmts[] = {
+    KN_DTYPE_Q8_0, KN_DTYPE_Q4_0, KN_DTYPE_Q4_1, KN_DTYPE_Q5_0,   KN_DTYPE_Q5_1,   KN_DTYPE_Q4_K,
+    KN_DTYPE_Q5_K, KN_DTYPE_Q6_K, KN_DTYPE_Q3_K, KN_DTYPE_IQ4_NL, KN_DTYPE_IQ4_XS, KN_DTYPE_Q2_K};
 #define N_FMTS (sizeof(k_fmts) / sizeof(k_fmts[0]))
 
-/* N rows of K elements quantized to dt from random values (malloc'd). */
+/* N rows of K elements quantized to dt from random values (the formats of
+ * llama.cpp's files that nothing here writes: random blocks; malloc'd). */
 static uint8_t *q_weights(struct ct_env *e, enum kn_dtype dt, int N, int K) {
   size_t rb = kn_row_bytes(dt, (size_t)K);
   uint8_t *w = malloc(rb * (size_t)N);
   float *row = malloc(sizeof(float) * (size_t)K);
   TH_REQUIRE(w && row && rb);
-  for (int n = 0; n < N; n++) {
+  if (kn_dtype_lowbit(dt)) {
+    uint64_t rng = 0x6c6f77626974ull + (uint64_t)N * 31u + (uint64_t)K;
+    kn_random_blocks(dt, w, rb * (size_t)N / kn_block_bytes(dt), &rng);
+  }
+  for (int n = 0; n < N && !kn_dtype_lowbit(dt); n++) {
     ct_fill(e, row, (size_t)K, 1.0f);
     TH_REQUIRE(kn_quantize_row(dt, row, w + (size_t)n * rb, (size_t)K) == 0);
   }
@@ -59,7 +66,7 @@ static void matmul_case(struct ct_env *e, enum kn_dtype dt, const float *in, con
 TH_TEST(cuda_block_weights_offered_and_checked) {
   struct ct_env e;
   ct_open(&e, 71);
-  TH_CHECK(kn_backend_has(e.gpu, KN_CAP_BLOCK_WEIGHTS));
+  TH_CHECK(kn_backend_has(e.gpu, KN_CAP_BLOCK_WEIGHTS | KN_CAP_BLOCK_LOWBIT));
   char why[256];
   /* bf16 operands above the few-rows kernel's rows, as the backend's own check
    * has them (none where LMSERVE_CUDA_GEMV=0 turned that kernel off) */
@@ -160,10 +167,10 @@ TH_TEST(cuda_block_matmul_over_several_tiles) {
   struct ct_env e;
   ct_open(&e, 73);
   const int T = 40, N = 8192 + 8192 / 2 + 37, K = 4096;
-  const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q6_K};
+  const enum kn_dtype dts[] = {KN_DTYPE_Q4_0, KN_DTYPE_Q6_K, KN_DTYPE_Q3_K};
   struct ct_in in;
   ct_in_init(&e, &in, (size_t)T * K, 3.0f);
-  for (size_t i = 0; i < 2; i++) {
+  for (size_t i = 0; i < sizeof(dts) / sizeof(dts[0]); i++) {
     uint8_t *w = q_weights(&e, dts[i], N, K);
     void *w_d = ct_up(&e, w, kn_row_bytes(dts[i], (size_t)K) * (size_t)N);
     matmul_case(&e, dts[i], in.host, in.dev, K, w, w_d, T, N, K, 0, "tiles");

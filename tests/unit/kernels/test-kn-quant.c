@@ -31,34 +31,14 @@ static const enum kn_dtype all[] = {KN_DTYPE_Q8_0, KN_DTYPE_Q4_0,   KN_DTYPE_Q4_
                                     KN_DTYPE_Q5_1, KN_DTYPE_Q4_K,   KN_DTYPE_Q5_K,   KN_DTYPE_Q6_K,
                                     KN_DTYPE_Q3_K, KN_DTYPE_IQ4_NL, KN_DTYPE_IQ4_XS, KN_DTYPE_Q2_K};
 
-/* n rows of K random elements of block format dt: random bytes, every f16
- * scale field a finite value of either sign (d, dmin; Q6_K's and Q3_K's d,
- * Q2_K's d and dmin, at their ends). */
+/* n rows of K random elements of block format dt (kn_random_blocks: random
+ * bytes, every f16 scale a small finite value of either sign). */
 static uint8_t *rand_blocks(enum kn_dtype dt, int rows, int K) {
   size_t bb = kn_block_bytes(dt), nb = (size_t)rows * (size_t)K / (size_t)kn_block_elems(dt);
   uint8_t *b = malloc(nb * bb);
   TH_REQUIRE(b != NULL);
-  for (size_t i = 0; i < nb * bb; i++)
-    b[i] = (uint8_t)kt_next();
-  for (size_t i = 0; i < nb; i++) {
-    uint8_t *blk = b + i * bb;
-    int n_f16 = dt == KN_DTYPE_Q8_0 || dt == KN_DTYPE_Q4_0 || dt == KN_DTYPE_Q5_0 ||
-                        dt == KN_DTYPE_IQ4_NL || dt == KN_DTYPE_IQ4_XS
-                    ? 1
-                : dt == KN_DTYPE_Q6_K || dt == KN_DTYPE_Q3_K || dt == KN_DTYPE_Q2_K ? 0
-                                                                                    : 2;
-    for (int f = 0; f < n_f16; f++) {
-      uint16_t hv = kn_f32_to_f16(0.02f * kt_uniform());
-      blk[2 * f] = (uint8_t)hv;
-      blk[2 * f + 1] = (uint8_t)(hv >> 8);
-    }
-    const int n_end = dt == KN_DTYPE_Q2_K ? 2 : dt == KN_DTYPE_Q6_K || dt == KN_DTYPE_Q3_K;
-    for (int f = n_end; f > 0; f--) {
-      uint16_t hv = kn_f32_to_f16(0.01f * kt_uniform());
-      blk[bb - 2 * f] = (uint8_t)hv;
-      blk[bb - 2 * f + 1] = (uint8_t)(hv >> 8);
-    }
-  }
+  uint64_t rng = (uint64_t)kt_next() << 1 | 1;
+  kn_random_blocks(dt, b, nb, &rng);
   return b;
 }
 
@@ -610,7 +590,8 @@ TH_TEST(block_check_passes_the_cpu_and_catches_a_wrong_kernel) {
   if (why[0]) fprintf(stderr, "%s\n", why);
   /* the CPU's exact f32 values are not the bf16 operands a tiled GEMM takes:
    * the tolerance tells the two apart in every format */
-  TH_CHECK_EQ_INT(kn_block_check(be, 0, 3e-5, why, sizeof why), 0xff0);
+  const unsigned every = 0xff0u | 0xfu << KN_DTYPE_Q3_K; /* Q8_0 .. Q6_K, Q3_K .. Q2_K */
+  TH_CHECK_EQ_INT(kn_block_check(be, 0, 3e-5, why, sizeof why), every);
   TH_CHECK(strstr(why, "q8_0 matmul T=1:") == why);
   g_cpu = be->ops;
   struct kn_backend_ops ops = *be->ops;
@@ -627,12 +608,15 @@ TH_TEST(block_check_passes_the_cpu_and_catches_a_wrong_kernel) {
   TH_CHECK(strstr(why, "q4_1 embed:") == why);
   /* without the capability nothing runs, and every format says so */
   alias.caps = 0;
-  TH_CHECK_EQ_INT(kn_block_check(&alias, 1 << 30, 3e-5, why, sizeof why), 0xff0);
+  TH_CHECK_EQ_INT(kn_block_check(&alias, 1 << 30, 3e-5, why, sizeof why), every);
   TH_CHECK(strstr(why, "q8_0 matmul T=1: ") == why);
-  /* without KN_CAP_BLOCK_LOWBIT (a CUDA backend's caps) the formats of
-   * kn_dtype_lowbit are refused by every op that takes a weight, the others not */
+  /* without KN_CAP_BLOCK_LOWBIT (a CUDA backend's, where those kernels failed
+   * the check) the formats of kn_dtype_lowbit are refused by every op that
+   * takes a weight, the others not, and the check fails only those */
   alias.ops = be->ops;
   alias.caps = be->caps & ~(unsigned)KN_CAP_BLOCK_LOWBIT;
+  TH_CHECK_EQ_INT(kn_block_check(&alias, 1 << 30, 3e-5, why, sizeof why), 0xfu << KN_DTYPE_Q3_K);
+  TH_CHECK(strstr(why, "q3_k matmul T=1: ") == why);
   const int K = 256;
   float in[256] = {0}, out[2], row[256];
   int32_t id = 0, best;
