@@ -55,25 +55,6 @@ static enum kn_dtype bm_weight_dtype(const char *s) {
   return KN_DTYPE__COUNT;
 }
 
-/* A row of a format lmserve reads but does not write (kn_dtype_lowbit): random
- * bytes from *s, each block's f16 scales (d, and Q2_K's dmin) a small value. */
-static void bm_lowbit_row(enum kn_dtype dt, uint8_t *dst, size_t row_bytes, uint64_t *s) {
-  for (size_t i = 0; i < row_bytes; i++) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    dst[i] = (uint8_t)(*s >> 56);
-  }
-  const size_t bb = kn_block_bytes(dt), d = dt == KN_DTYPE_Q3_K   ? 108
-                                            : dt == KN_DTYPE_Q2_K ? 80
-                                                                  : 0;
-  const uint16_t h = kn_f32_to_f16(0.001f);
-  for (size_t b = 0; b < row_bytes / bb; b++) {
-    memcpy(dst + b * bb + d, &h, 2);
-    if (dt == KN_DTYPE_Q2_K) memcpy(dst + b * bb + 82, &h, 2);
-  }
-}
-
 /* A Gaussian of deviation sd from the 64-bit state *s (Box-Muller over an xorshift). */
 static float bm_gauss(uint64_t *s, float sd) {
   double u[2];
@@ -96,8 +77,8 @@ static int bm_weight(const struct bm_conf *c, uint8_t *w, size_t row_bytes) {
     for (int k = 0; k < c->K; k++)
       row[k] = bm_gauss(&s, 0.02f);
     uint8_t *dst = w + (size_t)n * row_bytes;
-    if (kn_dtype_lowbit(c->wdt)) {
-      bm_lowbit_row(c->wdt, dst, row_bytes, &s);
+    if (kn_dtype_lowbit(c->wdt)) { /* read, not written: random blocks */
+      kn_random_blocks(c->wdt, dst, row_bytes / kn_block_bytes(c->wdt), &s);
     } else if (kn_block_elems(c->wdt)) {
       rc = kn_quantize_row(c->wdt, row, dst, (size_t)c->K);
     } else {
