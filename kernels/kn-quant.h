@@ -92,9 +92,10 @@ void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K);
 int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K);
 
 /* n blocks of the block format dt at dst, of random bytes (the xorshift state
- * *rng moves on) whose f16 scales are small and finite (|d| < 0.02, |dmin| <
- * 0.02 or 0.01): valid blocks of any format, those kn_quantize_row cannot
- * write included, for the checks of kernels (kn_block_check) and tests. */
+ * *rng moves on) whose f16 scales are small and finite (below 0.02 in
+ * magnitude at a block's start, 0.01 at its end: Q6_K's, Q3_K's and Q2_K's):
+ * valid blocks of any format, those kn_quantize_row cannot write included,
+ * for the checks of kernels (kn_block_check) and tests. */
 void kn_random_blocks(enum kn_dtype dt, void *dst, size_t n, uint64_t *rng);
 
 /* The block format a row of K elements is quantized to when dt is asked for:

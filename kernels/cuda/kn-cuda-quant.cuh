@@ -45,7 +45,9 @@ KN_QHD uint32_t q_ld32(const uint8_t *p) { /* p a multiple of 4 */
  * words from p rounded down to a multiple of 4, then (p 2 past one) the 2
  * bytes after them, shifted into place. The first word may hold the 2 bytes
  * before p: they are in the same matrix, which starts at a multiple of 4
- * (Q6_K reads from a block's first byte; the others from 2 bytes in). */
+ * (Q6_K and Q3_K read from a block's first byte, so a block of theirs that
+ * starts 2 past a multiple of 4, never the first, shows the end of the one
+ * before). */
 KN_QHD void q_ld64(const uint8_t *p, uint32_t w[2]) {
   const uint8_t *a = p - ((uintptr_t)p & 2u);
   const unsigned sh = (unsigned)((uintptr_t)p & 2u) * 8u;
