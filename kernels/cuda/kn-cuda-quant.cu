@@ -219,41 +219,41 @@ static cudaError_t qembed(cudaStream_t s, float *out, ptrdiff_t ldo, const void 
 
 /* ---- launchers ------------------------------------------------------------- */
 
-/* Calls fn<DT>(args...) for the block format dt; cudaErrorInvalidValue for the others. */
-#define KN_QDISPATCH(dt, fn, ...)                                                                  \
-  switch (dt) {                                                                                    \
-  case KN_DTYPE_Q8_0: return fn<KN_DTYPE_Q8_0>(__VA_ARGS__);                                       \
-  case KN_DTYPE_Q4_0: return fn<KN_DTYPE_Q4_0>(__VA_ARGS__);                                       \
-  case KN_DTYPE_Q4_1: return fn<KN_DTYPE_Q4_1>(__VA_ARGS__);                                       \
-  case KN_DTYPE_Q5_0: return fn<KN_DTYPE_Q5_0>(__VA_ARGS__);                                       \
-  case KN_DTYPE_Q5_1: return fn<KN_DTYPE_Q5_1>(__VA_ARGS__);                                       \
-  case KN_DTYPE_Q4_K: return fn<KN_DTYPE_Q4_K>(__VA_ARGS__);                                       \
-  case KN_DTYPE_Q5_K: return fn<KN_DTYPE_Q5_K>(__VA_ARGS__);                                       \
-  case KN_DTYPE_Q6_K: return fn<KN_DTYPE_Q6_K>(__VA_ARGS__);                                       \
-  case KN_DTYPE_Q3_K: return fn<KN_DTYPE_Q3_K>(__VA_ARGS__);                                       \
-  case KN_DTYPE_IQ4_NL: return fn<KN_DTYPE_IQ4_NL>(__VA_ARGS__);                                   \
-  case KN_DTYPE_IQ4_XS: return fn<KN_DTYPE_IQ4_XS>(__VA_ARGS__);                                   \
-  case KN_DTYPE_Q2_K: return fn<KN_DTYPE_Q2_K>(__VA_ARGS__);                                       \
-  default: return cudaErrorInvalidValue;                                                           \
+/* f(qtag<DT>()) for the block format dt (KN_QFORMATS); cudaErrorInvalidValue for the others. */
+template <int DT> struct qtag {
+  enum { value = DT };
+};
+template <typename F> static cudaError_t qdispatch(enum kn_dtype dt, F f) {
+  switch (dt) {
+#define KN_QCASE(d, qk, bytes)                                                                     \
+  case d: return f(qtag<d>());
+    KN_QFORMATS(KN_QCASE)
+#undef KN_QCASE
+  default: return cudaErrorInvalidValue;
   }
+}
 
 extern "C" cudaError_t kn_cuda_launch_qgemv(cudaStream_t s, float *out, ptrdiff_t ldo,
                                             const float *in, ptrdiff_t ldi, const void *w,
                                             enum kn_dtype wdt, int T, int N, int K, int rpw,
                                             int octets, int accumulate) {
   if (N <= 0 || T <= 0) return cudaSuccess;
-  KN_QDISPATCH(wdt, qgemv, s, out, ldo, in, ldi, w, T, N, K, rpw, octets, accumulate)
+  return qdispatch(wdt, [&](auto f) {
+    return qgemv<decltype(f)::value>(s, out, ldo, in, ldi, w, T, N, K, rpw, octets, accumulate);
+  });
 }
 
 extern "C" cudaError_t kn_cuda_launch_qtile(cudaStream_t s, void *dst, const void *w,
                                             enum kn_dtype wdt, int rows, int K) {
   if (rows <= 0 || K <= 0) return cudaSuccess;
-  KN_QDISPATCH(wdt, qtile, s, dst, w, rows, K)
+  return qdispatch(wdt, [&](auto f) { return qtile<decltype(f)::value>(s, dst, w, rows, K); });
 }
 
 extern "C" cudaError_t kn_cuda_launch_qembed(cudaStream_t s, float *out, ptrdiff_t ldo,
                                              const void *table, enum kn_dtype tdt, int vocab, int H,
                                              const int32_t *ids, int T, float scale) {
   if (T <= 0 || H <= 0) return cudaSuccess;
-  KN_QDISPATCH(tdt, qembed, s, out, ldo, table, vocab, H, ids, T, scale)
+  return qdispatch(tdt, [&](auto f) {
+    return qembed<decltype(f)::value>(s, out, ldo, table, vocab, H, ids, T, scale);
+  });
 }

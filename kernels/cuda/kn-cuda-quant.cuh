@@ -98,25 +98,29 @@ KN_QHD float q_sub(float a, float b) {
 #endif
 }
 
-/* The formats, by their dtype; QK elements and BYTES bytes a block. */
-template <int DT> struct qfmt;
+/* The formats the device decodes, X(dtype, elements a block, bytes a block):
+ * the one list that qfmt and the launchers' dispatch (kn-cuda-quant.cu) take. */
+#define KN_QFORMATS(X)                                                                             \
+  X(KN_DTYPE_Q8_0, 32, 34)                                                                         \
+  X(KN_DTYPE_Q4_0, 32, 18)                                                                         \
+  X(KN_DTYPE_Q4_1, 32, 20)                                                                         \
+  X(KN_DTYPE_Q5_0, 32, 22)                                                                         \
+  X(KN_DTYPE_Q5_1, 32, 24)                                                                         \
+  X(KN_DTYPE_Q4_K, 256, 144)                                                                       \
+  X(KN_DTYPE_Q5_K, 256, 176)                                                                       \
+  X(KN_DTYPE_Q6_K, 256, 210)                                                                       \
+  X(KN_DTYPE_Q3_K, 256, 110)                                                                       \
+  X(KN_DTYPE_IQ4_NL, 32, 18)                                                                       \
+  X(KN_DTYPE_IQ4_XS, 256, 136)                                                                     \
+  X(KN_DTYPE_Q2_K, 256, 84)
 
+/* A format by its dtype; QK elements and BYTES bytes a block. */
+template <int DT> struct qfmt;
 #define KN_QFMT(dt, qk, bytes)                                                                     \
   template <> struct qfmt<dt> {                                                                    \
     enum { QK = qk, BYTES = bytes };                                                               \
-  }
-KN_QFMT(KN_DTYPE_Q8_0, 32, 34);
-KN_QFMT(KN_DTYPE_Q4_0, 32, 18);
-KN_QFMT(KN_DTYPE_Q4_1, 32, 20);
-KN_QFMT(KN_DTYPE_Q5_0, 32, 22);
-KN_QFMT(KN_DTYPE_Q5_1, 32, 24);
-KN_QFMT(KN_DTYPE_Q4_K, 256, 144);
-KN_QFMT(KN_DTYPE_Q5_K, 256, 176);
-KN_QFMT(KN_DTYPE_Q6_K, 256, 210);
-KN_QFMT(KN_DTYPE_Q3_K, 256, 110);
-KN_QFMT(KN_DTYPE_IQ4_NL, 32, 18);
-KN_QFMT(KN_DTYPE_IQ4_XS, 256, 136);
-KN_QFMT(KN_DTYPE_Q2_K, 256, 84);
+  };
+KN_QFORMATS(KN_QFMT)
 #undef KN_QFMT
 
 /* IQ4_NL's and IQ4_XS's level of nibble x (kn_iq4_levels), from the sixteen
