@@ -237,7 +237,8 @@ TH_TEST(quantization_refusals_are_clear) {
  * export: rows of whole 256-blocks, the MLP's 768 columns three blocks): two
  * tensor-parallel ranks cut its matrices along whole blocks (the down
  * projection's columns 512 and 256, as Q4_K's), and a backend without
- * KN_CAP_BLOCK_LOWBIT (CUDA's) refuses it at load, naming the tensor's type. */
+ * KN_CAP_BLOCK_LOWBIT (a CUDA backend whose check failed those kernels) refuses it at
+ * load, naming the tensor's type. */
 TH_TEST(llamacpp_iq4_xs_file_cut_and_refused) {
   const char *no = th_llamacpp_lib();
   if (no) TH_SKIP(no);
