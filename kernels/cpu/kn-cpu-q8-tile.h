@@ -272,7 +272,6 @@ typedef __m512 q8vf;
 #define vi_abs8(a)      _mm512_abs_epi8(a)
 #define vi_sign8(x, w)  _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x)
 #define vi_mullo(a, b)  _mm512_mullo_epi32(a, b)
-#define vi_madd16(a, b)    _mm512_madd_epi16(a, b)
 #define vi_shuf(t, i)      _mm512_shuffle_epi8(t, i)
 #define vi_lanes(t)        _mm512_broadcast_i32x4(t)
 #define vi_u16(p)          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p)))
@@ -318,7 +317,6 @@ typedef __m256 q8vf;
 #define vi_abs8(a)      _mm256_abs_epi8(a)
 #define vi_sign8(x, w)  _mm256_sign_epi8(x, w)
 #define vi_mullo(a, b)  _mm256_mullo_epi32(a, b)
-#define vi_madd16(a, b)    _mm256_madd_epi16(a, b)
 #define vi_shuf(t, i)      _mm256_shuffle_epi8(t, i)
 #define vi_lanes(t)        _mm256_broadcastsi128_si256(t)
 #define vi_u16(p)          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p)))
@@ -1510,44 +1508,15 @@ Q8T_ATTR static inline AI void q6x16_tile(const int U, float *out, ptrdiff_t ldo
 }
 
 /* Scale s (0..15) of the lanes' rows of a Q3_K super-block (less 32) or a
- * Q2_K one, from the dwords D[] of their scale bytes (Q3_K's as the X16 layout
- * rearranges them: s < 15 a 6-bit two's complement at bit 6 (s % 5) of
- * D[s / 5], s = 15 two bits at the top of each; Q2_K's byte s, the scale
- * under the min). */
-Q8T_ATTR static inline AI q8vi k16_sc(const enum q8_kind kind, const q8vi *D, int s) {
-  if (kind == Q8K_Q2_K) return vi_and(vi_srl32(D[s >> 2], 8 * (s & 3)), vi_set1_32(0xF));
+ * Q2_K one (mn 0: the scale, 1: the min), from the dwords D[] of their scale
+ * bytes (Q3_K's as the X16 layout rearranges them: s < 15 a 6-bit two's
+ * complement at bit 6 (s % 5) of D[s / 5], s = 15 two bits at the top of
+ * each; Q2_K's byte s, scale under min). */
+Q8T_ATTR static inline AI q8vi k16_sc(const enum q8_kind kind, const q8vi *D, int s, int mn) {
+  if (kind == Q8K_Q2_K) return vi_and(vi_srl32(D[s >> 2], 8 * (s & 3) + 4 * mn), vi_set1_32(0xF));
   if (s < 15) return vi_sra32(vi_sll32(D[s / 5], 26 - 6 * (s % 5)), 26);
   return vi_or(vi_or(vi_srl32(D[0], 30), vi_and(vi_srl32(D[1], 28), vi_set1_32(0xC))),
                vi_sll32(vi_sra32(D[2], 30), 4));
-}
-
-/* Q2_K sub-block c's two mins of the lanes' rows (the high nibbles of scale
- * bytes 2 c, 2 c + 1) as a lane's 16-bit halves, m0 | m1 << 16, for
- * vpmaddwd against a token's two half sums. */
-Q8T_ATTR static inline AI q8vi k16_mins(const q8vi *D, int c) {
-  const char o = (char)(2 * (c & 1)), z = (char)0x80;
-  const __m128i at =
-      _mm_setr_epi8(o, z, (char)(o + 1), z, (char)(4 + o), z, (char)(5 + o), z, (char)(8 + o), z,
-                    (char)(9 + o), z, (char)(12 + o), z, (char)(13 + o), z);
-  return vi_srl16(vi_shuf(D[c >> 1], vi_lanes(at)), 4);
-}
-
-/* f plus sub-block b's term for token u (k16_tile's and k16_quads' last
- * step): its halves' integers a0, a1 (carrying 2^sh) times the scales s0,
- * s1, sc0 p0 + sc1 p1 exactly, fma((float)p, d dx); Q2_K then its mins mp
- * (k16_mins) against the token's half sums, m0 sx0 + m1 sx1 by vpmaddwd
- * (|sx| <= 16 x 127), fma((float)m, -dmin dx) (ndm the -dmin). */
-Q8T_ATTR static inline AI q8vf k16_fma(const enum q8_kind kind, q8vf f, q8vi a0, q8vi a1, q8vi s0,
-                                       q8vi s1, q8vi mp, int sh, const struct q8_xt *xt, int u,
-                                       int b, q8vf d, q8vf ndm) {
-  const q8vi p = vi_add(vi_mullo(s0, a0), vi_mullo(s1, a1)), P = sh ? vi_sra32(p, sh) : p;
-  const q8vf dxb = vf_set1(xt->d[u][b]);
-  f = vf_fma(vf_cvt(P), vf_mul(d, dxb), f);
-  if (kind != Q8K_Q2_K) return f;
-  int h0, h1;
-  half_sums(xt->s[u] + (size_t)b * 8, &h0, &h1);
-  const q8vi M = vi_madd16(mp, vi_set1_32((int)(((uint32_t)h0 & 0xFFFFu) | (uint32_t)h1 << 16)));
-  return vf_fma(vf_cvt(M), vf_mul(ndm, dxb), f);
 }
 
 /* The power of 2 that k16_quads' sums of sub-block j (of a quad group) carry. */
@@ -1614,13 +1583,23 @@ Q8T_ATTR static inline AI void k16_quads(const enum q8_kind kind, const int U, q
     }
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
-      const int c = 4 * G + j;
-      const q8vi s0 = k16_sc(kind, D, 2 * c), s1 = k16_sc(kind, D, 2 * c + 1),
-                 mp = three ? vi_zero() : k16_mins(D, c);
+      const int c = 4 * G + j, b = 8 * s + c, sh = k16_sh(kind, j);
+      const q8vi s0 = k16_sc(kind, D, 2 * c, 0), s1 = k16_sc(kind, D, 2 * c + 1, 0),
+                 m0 = three ? vi_zero() : k16_sc(kind, D, 2 * c, 1),
+                 m1 = three ? vi_zero() : k16_sc(kind, D, 2 * c + 1, 1);
 #pragma GCC unroll 2
-      for (int u = 0; u < U; u++)
-        f[u] = k16_fma(kind, f[u], a[j][0][u], a[j][1][u], s0, s1, mp, k16_sh(kind, j), xt, u,
-                       8 * s + c, d, ndm);
+      for (int u = 0; u < U; u++) {
+        const q8vi p = vi_add(vi_mullo(s0, a[j][0][u]), vi_mullo(s1, a[j][1][u])),
+                   P = sh ? vi_sra32(p, sh) : p;
+        const q8vf dxb = vf_set1(xt->d[u][b]);
+        f[u] = vf_fma(vf_cvt(P), vf_mul(d, dxb), f[u]);
+        if (!three) {
+          int h0, h1;
+          half_sums(xt->s[u] + (size_t)b * 8, &h0, &h1);
+          const q8vi M = vi_add(vi_mullo(m0, vi_set1_32(h0)), vi_mullo(m1, vi_set1_32(h1)));
+          f[u] = vf_fma(vf_cvt(M), vf_mul(ndm, dxb), f[u]);
+        }
+      }
     }
   }
 }
@@ -1693,11 +1672,21 @@ Q8T_ATTR static inline AI void k16_tile(const enum q8_kind kind, const int U, fl
             for (int u = 0; u < U; u++)
               a[u][k >> 2] = vi_dot(a[u][k >> 2], w, vi_bcast4(xt.q[u] + 34 * (size_t)b + 4 * k));
           }
-          const q8vi s0 = k16_sc(kind, D, 2 * c), s1 = k16_sc(kind, D, 2 * c + 1),
-                     mp = three ? vi_zero() : k16_mins(D, c);
+          const q8vi s0 = k16_sc(kind, D, 2 * c, 0), s1 = k16_sc(kind, D, 2 * c + 1, 0),
+                     m0 = three ? vi_zero() : k16_sc(kind, D, 2 * c, 1),
+                     m1 = three ? vi_zero() : k16_sc(kind, D, 2 * c + 1, 1);
 #pragma GCC unroll 8
-          for (int u = 0; u < U; u++)
-            f[u] = k16_fma(kind, f[u], a[u][0], a[u][1], s0, s1, mp, 0, &xt, u, b, d, ndm);
+          for (int u = 0; u < U; u++) {
+            const q8vi P = vi_add(vi_mullo(s0, a[u][0]), vi_mullo(s1, a[u][1]));
+            const q8vf dxb = vf_set1(xt.d[u][b]);
+            f[u] = vf_fma(vf_cvt(P), vf_mul(d, dxb), f[u]);
+            if (!three) {
+              int h0, h1;
+              half_sums(xt.s[u] + (size_t)b * 8, &h0, &h1);
+              const q8vi M = vi_add(vi_mullo(m0, vi_set1_32(h0)), vi_mullo(m1, vi_set1_32(h1)));
+              f[u] = vf_fma(vf_cvt(M), vf_mul(ndm, dxb), f[u]);
+            }
+          }
         }
       }
     }
