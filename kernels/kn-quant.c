@@ -505,13 +505,6 @@ int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K) {
   return 0;
 }
 
-static uint32_t xorshift(uint64_t *s) {
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return (uint32_t)(*s * 0x2545f4914f6cdd1dull >> 32);
-}
-
 void kn_random_blocks(enum kn_dtype dt, void *dst, size_t n, uint64_t *rng) {
   const size_t bb = kn_block_bytes(dt);
   /* the f16 scales: from the block's start (d, and Q4_1's, Q5_1's, Q4_K's and
@@ -524,10 +517,10 @@ void kn_random_blocks(enum kn_dtype dt, void *dst, size_t n, uint64_t *rng) {
             tail = dt == KN_DTYPE_Q2_K ? 2 : dt == KN_DTYPE_Q6_K || dt == KN_DTYPE_Q3_K;
   uint8_t *b = dst;
   for (size_t i = 0; i < n * bb; i++)
-    b[i] = (uint8_t)xorshift(rng);
+    b[i] = (uint8_t)(kn_xorshift64s(rng) >> 32);
   for (size_t i = 0; i < n; i++, b += bb) {
     for (int f = 0; f < head + tail; f++) {
-      const float u = (float)(xorshift(rng) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+      const float u = (float)(kn_xorshift64s(rng) >> 40) * (2.0f / 16777216.0f) - 1.0f;
       put_h(f < head ? b + 2 * f : b + bb - 2 * (head + tail - f), (f < head ? 0.02f : 0.01f) * u);
     }
   }

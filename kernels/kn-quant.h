@@ -91,6 +91,14 @@ void kn_dequant_row(enum kn_dtype dt, const void *src, float *dst, size_t K);
  * dtypes, CM_ERR_INVAL when K is not whole blocks (256 for the K-quants). */
 int kn_quantize_row(enum kn_dtype dt, const float *x, void *dst, size_t K);
 
+/* The next value of the xorshift64* generator whose (nonzero) state is *s. */
+static inline uint64_t kn_xorshift64s(uint64_t *s) {
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 0x2545f4914f6cdd1dull;
+}
+
 /* n blocks of the block format dt at dst, of random bytes (the xorshift state
  * *rng moves on) whose f16 scales are small and finite (below 0.02 in
  * magnitude at a block's start, 0.01 at its end: Q6_K's, Q3_K's and Q2_K's):
