@@ -40,10 +40,11 @@ static uint8_t *q_weights(struct ct_env *e, enum kn_dtype dt, int N, int K) {
   if (kn_dtype_lowbit(dt)) {
     uint64_t rng = 0x6c6f77626974ull + (uint64_t)N * 31u + (uint64_t)K;
     kn_random_blocks(dt, w, rb * (size_t)N / kn_block_bytes(dt), &rng);
-  }
-  for (int n = 0; n < N && !kn_dtype_lowbit(dt); n++) {
-    ct_fill(e, row, (size_t)K, 1.0f);
-    TH_REQUIRE(kn_quantize_row(dt, row, w + (size_t)n * rb, (size_t)K) == 0);
+  } else {
+    for (int n = 0; n < N; n++) {
+      ct_fill(e, row, (size_t)K, 1.0f);
+      TH_REQUIRE(kn_quantize_row(dt, row, w + (size_t)n * rb, (size_t)K) == 0);
+    }
   }
   free(row);
   return w;
